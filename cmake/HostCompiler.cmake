@@ -1,0 +1,26 @@
+# Host C++ compiler choice. Include before project().
+#
+# Why: a GPU image we build on exports CC/CXX pointing at a private GCC (/opt/gcc/bin). An
+# extension built with it carried its own static copy of libstdc++ and crashed at import next
+# to torch (two C++ runtimes in one process); a dynamically linked one could also need a newer
+# GLIBCXX than the system libstdc++.so.6 that torch loads. So, unless the user names a compiler
+# explicitly (-DCMAKE_CXX_COMPILER=..., or a toolchain file), prefer the system /usr/bin/g++
+# over $CXX, and let nvcc use the same compiler for the host side of .cu files.
+# The post-build check (cmake/CheckLinkage.cmake) still verifies NEEDED libstdc++.so.6.
+
+if(NOT DEFINED CMAKE_CXX_COMPILER AND NOT DEFINED CMAKE_TOOLCHAIN_FILE
+   AND EXISTS "/usr/bin/g++")
+  # (scikit-build-core itself exports CXX=g++ from Python's sysconfig: nothing to report.)
+  if(DEFINED ENV{CXX} AND NOT "$ENV{CXX}" MATCHES "^(/usr/bin/)?g\\+\\+$")
+    message(STATUS "hybrid-ep: using /usr/bin/g++, not CXX=$ENV{CXX} "
+                   "(pass -DCMAKE_CXX_COMPILER=... to override)")
+  endif()
+  set(CMAKE_CXX_COMPILER "/usr/bin/g++" CACHE FILEPATH "C++ compiler")
+endif()
+
+# nvcc otherwise compiles the host side of .cu files with whatever g++ comes first on PATH;
+# mixing two compilers' objects could again require a newer libstdc++ than the system's.
+if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX}
+   AND DEFINED CMAKE_CXX_COMPILER)
+  set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}" CACHE FILEPATH "CUDA host compiler")
+endif()

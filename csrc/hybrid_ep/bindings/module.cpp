@@ -1,0 +1,41 @@
+// hybrid_ep._C: the Python face of the C++ core. Only conversion happens here; the logic
+// lives in csrc/hybrid_ep/runtime and below.
+#include <pybind11/pybind11.h>
+
+#include "hybrid_ep/bindings/runtime.h"
+#include "hybrid_ep/runtime/build_info.h"
+#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/runtime/device_info.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hybrid-ep C++/CUDA core";
+
+  // Subclass of RuntimeError, so callers that catch RuntimeError keep working.
+  py::register_exception<hybrid_ep::CudaError>(m, "CudaError", PyExc_RuntimeError);
+
+  m.def(
+      "build_info",
+      [] {
+        const hybrid_ep::BuildInfo info = hybrid_ep::build_info();
+        py::dict d;
+        d["transport"] = info.transport;
+        d["cuda_architectures"] = info.cuda_architectures;
+        d["cuda_toolkit_version"] = info.cuda_toolkit_version;
+        d["cuda_runtime_version"] = hybrid_ep::runtime_version();
+        d["cuda_driver_version"] = hybrid_ep::driver_version();
+        d["version"] = info.version;
+        d["host_compiler"] = info.host_compiler;
+        // The intra-domain CUDA engine (memory, kernels, executor) is part of this build.
+        d["cuda_engine"] = true;
+        return d;
+      },
+      "How this extension was built, plus the CUDA runtime and driver versions seen now.");
+
+  // The first CUDA call initialises the driver, which can take a while: release the GIL.
+  m.def("device_count", &hybrid_ep::device_count, py::call_guard<py::gil_scoped_release>(),
+        "Number of visible CUDA devices; 0 without a driver or GPU.");
+
+  hybrid_ep::register_runtime(m);
+}

@@ -1,0 +1,109 @@
+// Python face of Runtime and the executor. Pointers and streams arrive as integers
+// (tensor.data_ptr(), torch.cuda.current_stream().cuda_stream): the core never sees torch.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "hybrid_ep/bindings/runtime.h"
+#include "hybrid_ep/executor/executor.h"
+#include "hybrid_ep/runtime/runtime.h"
+
+namespace py = pybind11;
+
+namespace hybrid_ep {
+namespace {
+
+template <typename T>
+T* ptr(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+cudaStream_t stream_of(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+py::dict status_dict(const DeviceStatus& s) {
+  py::dict d;
+  d["code"] = s.code;
+  d["site"] = s.site;
+  d["peer"] = s.peer;
+  d["slot"] = s.slot;
+  d["expected"] = s.expected;
+  d["seen"] = s.seen;
+  return d;
+}
+
+}  // namespace
+
+void register_runtime(py::module_& m) {
+  py::class_<RuntimeConfig>(m, "RuntimeConfig")
+      .def(py::init<>())
+      .def_readwrite("world", &RuntimeConfig::world)
+      .def_readwrite("ranks", &RuntimeConfig::ranks)
+      .def_readwrite("nodes", &RuntimeConfig::nodes)
+      .def_readwrite("node_rank", &RuntimeConfig::node_rank)
+      .def_readwrite("local_rank", &RuntimeConfig::local_rank)
+      .def_readwrite("experts_per_rank", &RuntimeConfig::experts_per_rank)
+      .def_readwrite("max_tokens", &RuntimeConfig::max_tokens)
+      .def_readwrite("hidden", &RuntimeConfig::hidden)
+      .def_readwrite("dispatch_chunk", &RuntimeConfig::dispatch_chunk)
+      .def_readwrite("combine_chunk", &RuntimeConfig::combine_chunk)
+      .def_readwrite("stages_dispatch", &RuntimeConfig::stages_dispatch)
+      .def_readwrite("stages_combine", &RuntimeConfig::stages_combine)
+      .def_readwrite("sms_dispatch", &RuntimeConfig::sms_dispatch)
+      .def_readwrite("sms_combine", &RuntimeConfig::sms_combine)
+      .def_readwrite("sms_preprocessing", &RuntimeConfig::sms_preprocessing)
+      .def_readwrite("timeout_s", &RuntimeConfig::timeout_s)
+      .def_readwrite("fabric", &RuntimeConfig::fabric);
+
+  py::class_<Runtime>(m, "Runtime")
+      .def(py::init<const RuntimeConfig&>(), py::call_guard<py::gil_scoped_release>())
+      .def("export_handle", [](const Runtime& r) { return py::bytes(r.export_handle()); })
+      .def("open_peers",
+           [](Runtime& r, const std::vector<py::bytes>& handles) {
+             std::vector<std::string> raw(handles.begin(), handles.end());
+             r.open_peers(raw);
+           })
+      .def("registered_bytes", [](const Runtime& r) { return r.layout().total; })
+      .def("status", [](const Runtime& r) { return status_dict(r.status()); })
+      .def("summary",
+           [](const Runtime& r) {
+             return py::make_tuple(r.host_summary()[0], r.host_summary()[1]);
+           })
+      .def("preprocess",
+           [](Runtime& r, uintptr_t routing_map, int num_tokens, uintptr_t s2d, uintptr_t r2a,
+              uintptr_t a2r, uintptr_t num_dispatched, uintptr_t lerm, uintptr_t stream) {
+             run_preprocess(r,
+                            {ptr<const uint8_t>(routing_map), num_tokens, ptr<int32_t>(s2d),
+                             ptr<bool>(r2a), ptr<bool>(a2r), ptr<int32_t>(num_dispatched),
+                             ptr<bool>(lerm)},
+                            stream_of(stream));
+           })
+      .def("dispatch",
+           [](Runtime& r, uintptr_t hidden, uintptr_t probs, uintptr_t scales, uintptr_t s2d,
+              int num_tokens, int row_bytes, int scale_cols, bool barrier_first,
+              uintptr_t stream) {
+             run_dispatch(r,
+                          {ptr<const uint8_t>(hidden), ptr<const float>(probs),
+                           ptr<const float>(scales), ptr<const int32_t>(s2d), num_tokens,
+                           row_bytes, scale_cols, barrier_first},
+                          stream_of(stream));
+           })
+      .def("copy_dispatched",
+           [](Runtime& r, uintptr_t rows, uintptr_t probs, uintptr_t scales, int count,
+              int row_bytes, int scale_cols, uintptr_t stream) {
+             copy_dispatched(r,
+                             {ptr<uint8_t>(rows), ptr<float>(probs), ptr<float>(scales), count,
+                              row_bytes, scale_cols},
+                             stream_of(stream));
+           })
+      .def("combine",
+           [](Runtime& r, uintptr_t hidden, uintptr_t probs, int num_rows, int hidden_size,
+              uintptr_t s2d, int num_tokens, uintptr_t out, uintptr_t out_probs,
+              uintptr_t stream) {
+             run_combine(r,
+                         {ptr<const uint8_t>(hidden), ptr<const float>(probs), num_rows,
+                          hidden_size, ptr<const int32_t>(s2d), num_tokens, ptr<uint16_t>(out),
+                          ptr<float>(out_probs)},
+                         stream_of(stream));
+           });
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,53 @@
+#include "hybrid_ep/executor/executor.h"
+#include "hybrid_ep/runtime/cuda_check.h"
+
+namespace hybrid_ep {
+
+void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream) {
+  const RuntimeConfig& c = runtime.config();
+  const BufferLayout& l = runtime.layout();
+  const BufferShape& s = runtime.shape();
+  if (call.barrier_first) launch_domain_barrier({runtime.domain(), l.barrier_flags}, stream);
+  DispatchParams p{};
+  p.domain = runtime.domain();
+  p.hidden = call.hidden;
+  p.probs = call.probs;
+  p.scales = call.scales;
+  p.sparse_to_dense_map = call.sparse_to_dense_map;
+  p.num_tokens = call.num_tokens;
+  p.max_tokens = c.max_tokens;
+  p.row_bytes = call.row_bytes;
+  p.prob_cols = int(s.prob_cols());
+  p.prob_col_offset = c.node_rank * p.prob_cols;
+  p.experts_total = int(s.experts_total());
+  p.scale_cols = call.scale_cols;
+  p.chunk = c.dispatch_chunk;
+  p.max_chunks = int(s.max_chunks());
+  p.stages = runtime.dispatch_stages(call.row_bytes);
+  p.dispatch_rows = l.dispatch_rows;
+  p.dispatch_probs = l.dispatch_probs;
+  p.dispatch_scales = l.dispatch_scales;
+  p.dispatch_flags = l.dispatch_flags;
+  launch_dispatch(p, c.sms_dispatch, stream);
+}
+
+void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream) {
+  const BufferLayout& l = runtime.layout();
+  const uint8_t* base = runtime.registered();
+  const size_t rows = size_t(out.rows_count);
+  if (rows == 0) return;
+  HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(out.rows, base + l.dispatch_rows, rows * out.row_bytes,
+                                       cudaMemcpyDeviceToDevice, stream));
+  if (out.probs != nullptr) {
+    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(out.probs, base + l.dispatch_probs,
+                                         rows * runtime.shape().prob_cols() * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream));
+  }
+  if (out.scales != nullptr) {
+    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(out.scales, base + l.dispatch_scales,
+                                         rows * out.scale_cols * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,69 @@
+// One function per API step: preprocess -> core kernel -> postprocess, sequenced on the
+// caller's stream. No host synchronisation in here; the caller decides when to wait.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "hybrid_ep/runtime/runtime.h"
+
+namespace hybrid_ep {
+
+struct PreprocessCall {
+  const uint8_t* routing_map;  // bool [num_tokens, E_total]
+  int num_tokens;
+  // Handle outputs (docs/semantics.md), allocated by the caller; the maps zero-filled.
+  int32_t* sparse_to_dense_map;
+  bool* rdma_to_attn_map;
+  bool* attn_to_rdma_map;
+  int32_t* num_dispatched_tokens;
+  bool* local_expert_routing_map;
+};
+
+// All-gather the routing over the domain, then the metadata kernels. Afterwards
+// runtime.host_summary() holds {dispatched rows, largest token count of any rank} once the
+// stream reaches this point.
+void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t stream);
+
+struct DispatchCall {
+  const uint8_t* hidden;  // [num_tokens, row_bytes]
+  const float* probs;     // [num_tokens, E_total] or null
+  const float* scales;    // [num_tokens, hidden / 128] or null
+  const int32_t* sparse_to_dense_map;
+  int num_tokens;
+  int row_bytes;
+  int scale_cols;
+  bool barrier_first;  // needed when no preprocessing ran in this operation
+};
+
+// Rows land in the registered buffers of their destination ranks.
+void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream);
+
+struct DispatchOutput {
+  uint8_t* rows;   // [rows, row_bytes]
+  float* probs;    // [rows, E*R] or null
+  float* scales;   // [rows, scale_cols] or null
+  int rows_count;
+  int row_bytes;
+  int scale_cols;
+};
+
+// Copies this rank's received rows out of the registered buffer into the caller's tensors.
+void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream);
+
+struct CombineCall {
+  const uint8_t* hidden;  // bf16 [num_rows, H]: this rank's expert outputs (dispatch order)
+  const float* probs;     // [num_rows, E*R] or null
+  int num_rows;
+  int hidden_size;
+  const int32_t* sparse_to_dense_map;
+  int num_tokens;         // tokens of this rank (rows of the outputs)
+  uint16_t* out;          // bf16 [num_tokens, H]
+  float* out_probs;       // [num_tokens, E_total] or null
+};
+
+// Barrier, stage this rank's rows into its registered buffer, barrier, pull-and-reduce kernel.
+void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
+
+}  // namespace hybrid_ep

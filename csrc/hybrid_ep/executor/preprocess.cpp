@@ -1,0 +1,39 @@
+#include "hybrid_ep/executor/executor.h"
+#include "hybrid_ep/runtime/cuda_check.h"
+
+namespace hybrid_ep {
+
+void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t stream) {
+  const RuntimeConfig& c = runtime.config();
+  const BufferLayout& l = runtime.layout();
+  AllgatherParams gather{};
+  gather.domain = runtime.domain();
+  gather.routing_map = call.routing_map;
+  gather.num_tokens = call.num_tokens;
+  gather.max_tokens = c.max_tokens;
+  gather.experts_total = c.experts_per_rank * c.world;
+  gather.routing = l.routing;
+  gather.token_counts = l.token_counts;
+  gather.allgather_flags = l.allgather_flags;
+  launch_allgather(gather, c.ranks, stream);
+
+  MetadataParams meta{};
+  meta.domain = gather.domain;
+  meta.routing = runtime.registered() + l.routing;
+  meta.token_counts = reinterpret_cast<const uint64_t*>(runtime.registered() + l.token_counts);
+  meta.max_tokens = c.max_tokens;
+  meta.experts_per_rank = c.experts_per_rank;
+  meta.dest_masks = runtime.dest_masks();
+  meta.sparse_to_dense_map = call.sparse_to_dense_map;
+  meta.rdma_to_attn_map = call.rdma_to_attn_map;
+  meta.attn_to_rdma_map = call.attn_to_rdma_map;
+  meta.num_dispatched_tokens = call.num_dispatched_tokens;
+  meta.local_expert_routing_map = call.local_expert_routing_map;
+  int64_t* summary = nullptr;
+  HYBRID_EP_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&summary), runtime.host_summary(), 0));
+  meta.host_summary = summary;
+  launch_metadata(meta, c.sms_preprocessing, stream);
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,163 @@
+// Combine (one NVLink domain): persistent, one CTA per SM, warp-specialised.
+//   loader warp  : TMA-pulls every copy of a token from the registered combine buffers of the
+//                  ranks that received it into consecutive stages of a shared-memory ring;
+//   reduce warps : once all copies of the token are in, add them in fp32 (ascending local
+//                  rank, as the reference does), write BF16 and the routed-back probs.
+// Runs after a domain barrier that guarantees every peer's combine buffer is filled.
+#include <cuda_bf16.h>
+
+#include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/params.h"
+#include "hybrid_ep/runtime/cuda_check.h"
+
+namespace hybrid_ep {
+namespace {
+
+constexpr int kReduceWarps = 8;
+constexpr int kThreads = 32 * (1 + kReduceWarps);
+constexpr uint32_t kReduceBarrier = 1;
+
+struct Ring {
+  uint8_t* rows;
+  uint64_t* full;
+  uint64_t* empty;
+  int stages;
+  int stride;
+  __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
+};
+
+__device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p) {
+  Ring ring;
+  ring.stages = p.stages;
+  ring.stride = (p.row_bytes + 127) / 128 * 128;
+  ring.rows = smem;
+  ring.full = reinterpret_cast<uint64_t*>(smem + size_t(ring.stride) * p.stages);
+  ring.empty = ring.full + p.stages;
+  return ring;
+}
+
+__device__ __forceinline__ const int32_t* source_rows(const CombineParams& p, int t) {
+  return p.sparse_to_dense_map + int64_t(t) * p.domain.ranks;
+}
+
+// Loader warp, one lane: one stage per copy, in ascending local rank.
+__device__ void load_copies(const CombineParams& p, const Ring& ring) {
+  uint32_t item = 0;
+  const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
+  for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
+    for (int t = c * p.chunk; t < min((c + 1) * p.chunk, p.num_tokens); ++t) {
+      const int32_t* rows = source_rows(p, t);
+      for (int j = 0; j < p.domain.ranks; ++j) {
+        if (rows[j] < 0) continue;
+        const int stage = item % ring.stages;
+        ptx::mbar_wait(&ring.empty[stage], ((item / ring.stages) & 1) ^ 1);
+        ptx::mbar_arrive_expect_tx(&ring.full[stage], p.row_bytes);
+        const uint8_t* src = p.domain.peer(j) + p.combine_rows + int64_t(rows[j]) * p.row_bytes;
+        ptx::bulk_load(ring.row(stage), src, p.row_bytes, &ring.full[stage]);
+        ++item;
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void accumulate(float (&acc)[8], const uint4& packed) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    acc[2 * k] += f.x;
+    acc[2 * k + 1] += f.y;
+  }
+}
+
+__device__ __forceinline__ uint4 to_bf16(const float (&acc)[8]) {
+  uint4 packed;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+  return packed;
+}
+
+// Reduce warps: every thread owns 8-element slices of the row.
+__device__ void reduce_copies(const CombineParams& p, const Ring& ring, int thread) {
+  constexpr int kReduceThreads = 32 * kReduceWarps;
+  const int vectors = p.hidden / 8;
+  const int E = p.experts_per_rank;
+  const int experts_total = E * p.domain.ranks * p.domain.nodes;
+  uint32_t item = 0;
+  const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
+  for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
+    for (int t = c * p.chunk; t < min((c + 1) * p.chunk, p.num_tokens); ++t) {
+      const int32_t* rows = source_rows(p, t);
+      int copies = 0;
+      for (int j = 0; j < p.domain.ranks; ++j) copies += rows[j] >= 0;
+      for (int k = 0; k < copies; ++k) {
+        const uint32_t it = item + k;
+        ptx::mbar_wait(&ring.full[it % ring.stages], (it / ring.stages) & 1);
+      }
+      uint4* out = reinterpret_cast<uint4*>(p.out + int64_t(t) * p.hidden);
+      for (int v = thread; v < vectors; v += kReduceThreads) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int k = 0; k < copies; ++k) {
+          const uint8_t* stage = ring.row((item + k) % ring.stages);
+          accumulate(acc, reinterpret_cast<const uint4*>(stage)[v]);
+        }
+        out[v] = to_bf16(acc);
+      }
+      if (p.out_probs != nullptr) {
+        float* dst = p.out_probs + int64_t(t) * experts_total;
+        for (int col = thread; col < experts_total; col += kReduceThreads) {
+          const int j = (col / E) % p.domain.ranks;
+          const int node = col / (E * p.domain.ranks);
+          float value = 0.f;
+          if (node == p.domain.node_rank && rows[j] >= 0) {
+            const float* src = reinterpret_cast<const float*>(p.domain.peer(j) + p.combine_probs);
+            value = src[int64_t(rows[j]) * p.prob_cols + j * E + col % E];
+          }
+          dst[col] = value;
+        }
+      }
+      // Every reduce thread is done with these stages before they are handed back.
+      ptx::named_barrier(kReduceBarrier, kReduceThreads);
+      if (thread == 0) {
+        for (int k = 0; k < copies; ++k) ptx::mbar_arrive(&ring.empty[(item + k) % ring.stages]);
+      }
+      item += copies;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const Ring ring = carve_ring(smem, p);
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ring.stages; ++s) {
+      ptx::mbar_init(&ring.full[s], 1);
+      ptx::mbar_init(&ring.empty[s], 1);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if (warp == 0) {
+    if (threadIdx.x == 0) load_copies(p, ring);
+  } else {
+    reduce_copies(p, ring, threadIdx.x - 32);
+  }
+}
+
+}  // namespace
+
+size_t combine_smem_bytes(int row_bytes, int stages) {
+  return size_t((row_bytes + 127) / 128 * 128) * stages + 2 * sizeof(uint64_t) * stages;
+}
+
+void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream) {
+  const size_t smem = combine_smem_bytes(p.row_bytes, p.stages);
+  HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(
+      combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  combine_kernel<<<blocks, kThreads, smem, stream>>>(p);
+  HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,55 @@
+// Monotonic flags between ranks. Every flag advances exactly once per operation; its consumer
+// keeps the expected value in its own device memory (so nothing is reset between calls and a
+// captured CUDA graph stays correct on replay), and a wait gives up after a timeout.
+#pragma once
+
+#include <cstdint>
+
+#include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/common/status.h"
+
+namespace hybrid_ep {
+
+// Publishes earlier writes of this thread (generic and TMA) to other processes, then bumps
+// `flag` on the receiving side.
+__device__ __forceinline__ void signal_flag(uint64_t* flag) {
+  ptx::fence_proxy_async_global();
+  __threadfence_system();
+  ptx::add_release_sys(flag, 1);
+}
+
+__device__ __forceinline__ void report_timeout(DeviceStatus* status, WaitSite site, int peer,
+                                               int slot, uint64_t expected, uint64_t seen) {
+  if (atomicCAS(&status->code, 0, static_cast<int32_t>(StatusCode::kTimeout)) == 0) {
+    status->site = static_cast<int32_t>(site);
+    status->peer = peer;
+    status->slot = slot;
+    status->expected = expected;
+    status->seen = seen;
+    __threadfence_system();
+  }
+}
+
+// Waits until *flag >= ++(*expected). Returns false (after reporting) on timeout, or at once
+// when another wait of this operation already failed.
+__device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t* expected,
+                                          uint64_t timeout_ns, DeviceStatus* status,
+                                          WaitSite site, int peer, int slot) {
+  const uint64_t target = *expected + 1;
+  *expected = target;
+  uint64_t seen = ptx::load_acquire_sys(flag);
+  if (seen >= target) return true;
+  const uint64_t start = ptx::global_timer_ns();
+  while (true) {
+    seen = ptx::load_acquire_sys(flag);
+    if (seen >= target) return true;
+    if (*static_cast<volatile int32_t*>(&status->code) != 0) return false;
+    if (ptx::global_timer_ns() - start > timeout_ns) {
+      report_timeout(status, site, peer, slot, target, seen);
+      return false;
+    }
+    __nanosleep(64);
+  }
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,27 @@
+// Device-side error reporting shared by host and device code: a waiting kernel that cannot make
+// progress records what it waited for here (host-mapped memory, readable without a sync) and
+// gives up instead of spinning forever.
+#pragma once
+
+#include <cstdint>
+
+namespace hybrid_ep {
+
+enum class StatusCode : int32_t { kOk = 0, kTimeout = 1 };
+
+enum class WaitSite : int32_t {
+  kBarrier = 1,
+  kAllgather = 2,
+  kDispatchChunk = 3,
+};
+
+struct DeviceStatus {
+  int32_t code;       // StatusCode; the first failure wins
+  int32_t site;       // WaitSite
+  int32_t peer;       // local rank waited for
+  int32_t slot;       // chunk or counter index
+  uint64_t expected;  // value waited for
+  uint64_t seen;      // value observed at the timeout
+};
+
+}  // namespace hybrid_ep

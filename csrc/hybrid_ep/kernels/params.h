@@ -1,0 +1,108 @@
+// Kernel parameters: plain structs of pointers and sizes, shared by the launchers (host) and
+// the kernels (device). Peer memory is reached as `peers[j] + offset` (see memory/layout.h).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hybrid_ep/kernels/common/status.h"
+
+namespace hybrid_ep {
+
+// What every cross-rank kernel needs to find its domain and report a stuck wait.
+struct DomainView {
+  uint8_t* const* peers;  // device array [R]: base of each local rank's registered buffer
+  int ranks;              // R
+  int local_rank;         // this rank's index in the domain
+  int node_rank;          // this domain's index
+  int nodes;              // N
+  int world;              // W = N * R
+  uint64_t* expected;     // this rank's consumer counters, mirrors the registered flag region
+  size_t flags_begin;     // offset of the flag region (expected[i] <-> flag at begin + 8 i)
+  DeviceStatus* status;   // host-mapped
+  uint64_t timeout_ns;
+
+  __host__ __device__ uint8_t* peer(int j) const { return peers[j]; }
+  __host__ __device__ uint8_t* self() const { return peers[local_rank]; }
+  // The consumer counter that belongs to the flag at registered offset `flag_offset`.
+  __device__ uint64_t* expected_for(size_t flag_offset) const {
+    return expected + (flag_offset - flags_begin) / sizeof(uint64_t);
+  }
+};
+
+struct BarrierParams {
+  DomainView domain;
+  size_t barrier_flags;
+};
+
+struct AllgatherParams {
+  DomainView domain;
+  const uint8_t* routing_map;  // bool [num_tokens, E_total] of this rank
+  int num_tokens;              // rows of this rank (may exceed max_tokens: growth is detected)
+  int max_tokens;              // T
+  int experts_total;
+  size_t routing;              // region offsets
+  size_t token_counts;
+  size_t allgather_flags;
+};
+
+struct MetadataParams {
+  DomainView domain;
+  const uint8_t* routing;  // this rank's gathered routing region, bool [W*T, E_total]
+  const uint64_t* token_counts;  // [W]
+  int max_tokens;                // T
+  int experts_per_rank;          // E
+  uint64_t* dest_masks;          // scratch [W*T]: bit d = token goes to rank d (W <= 64)
+  // Outputs (handle tensors, see docs/semantics.md).
+  int32_t* sparse_to_dense_map;         // [N*T, R]
+  bool* rdma_to_attn_map;               // [ceil16(T), N]
+  bool* attn_to_rdma_map;               // [T, N-1]
+  int32_t* num_dispatched_tokens;       // [1]
+  bool* local_expert_routing_map;       // [W*T, E], zero-filled beforehand
+  int64_t* host_summary;                // host-mapped [2]: dispatched rows, largest token count
+};
+
+struct DispatchParams {
+  DomainView domain;
+  const uint8_t* hidden;       // [num_tokens, row_bytes]
+  const float* probs;          // [num_tokens, E_total] or null
+  const float* scales;         // [num_tokens, scale_cols] or null
+  const int32_t* sparse_to_dense_map;  // this rank's handle entry 0 ([T, R] rows of its tokens)
+  int num_tokens;
+  int max_tokens;
+  int row_bytes;
+  int prob_cols;               // E*R: one domain's columns
+  int prob_col_offset;         // node_rank * E*R
+  int experts_total;
+  int scale_cols;
+  int chunk;                   // tokens per chunk
+  int max_chunks;              // flags per source (every one is signalled each call)
+  int stages;                  // shared-memory ring depth
+  size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
+};
+
+struct CombineParams {
+  DomainView domain;
+  const int32_t* sparse_to_dense_map;  // [T, R]
+  int num_tokens;
+  int row_bytes;    // BF16 rows: 2 * H
+  int hidden;
+  int prob_cols;    // E*R
+  int experts_per_rank;
+  int chunk;
+  int stages;
+  size_t combine_rows, combine_probs;   // region offsets in the peers
+  uint16_t* out;    // bf16 [num_tokens, H]
+  float* out_probs; // [num_tokens, E_total] or null
+};
+
+// Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
+void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
+void launch_allgather(const AllgatherParams& p, int blocks, cudaStream_t stream);
+void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
+void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream);
+void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream);
+
+}  // namespace hybrid_ep

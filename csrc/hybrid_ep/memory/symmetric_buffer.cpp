@@ -1,0 +1,162 @@
+#include "hybrid_ep/memory/symmetric_buffer.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/runtime/driver_api.h"
+
+namespace hybrid_ep {
+namespace {
+
+#define HYBRID_EP_CU_CHECK(call) ::hybrid_ep::driver::check((call), #call)
+
+CUmemAllocationProp fabric_properties(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+  return prop;
+}
+
+size_t fabric_granularity(const CUmemAllocationProp& prop) {
+  size_t granularity = 0;
+  HYBRID_EP_CU_CHECK(driver::api().granularity(&granularity, &prop,
+                                               CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  return granularity;
+}
+
+// Reserves, maps and enables read/write access for `device` over an allocation handle.
+uint8_t* map_fabric(CUmemGenericAllocationHandle handle, size_t bytes, size_t granularity,
+                    int device) {
+  const driver::Api& d = driver::api();
+  CUdeviceptr address = 0;
+  HYBRID_EP_CU_CHECK(d.address_reserve(&address, bytes, granularity, 0, 0));
+  HYBRID_EP_CU_CHECK(d.map(address, bytes, 0, handle, 0));
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  HYBRID_EP_CU_CHECK(d.set_access(address, bytes, &access, 1));
+  return reinterpret_cast<uint8_t*>(address);
+}
+
+void unmap_fabric(uint8_t* address, size_t bytes) noexcept {
+  const driver::Api& d = driver::api();
+  const auto base = reinterpret_cast<CUdeviceptr>(address);
+  d.unmap(base, bytes);
+  d.address_free(base, bytes);
+}
+
+int current_device() {
+  int device = 0;
+  HYBRID_EP_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+}  // namespace
+
+SymmetricBuffer::SymmetricBuffer(size_t bytes, HandleKind kind) : bytes_(bytes), kind_(kind) {
+  if (kind_ == HandleKind::kCudaIpc) {
+    HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&local_), bytes_));
+  } else {
+    const int device = current_device();
+    const CUmemAllocationProp prop = fabric_properties(device);
+    const size_t granularity = fabric_granularity(prop);
+    bytes_ = (bytes_ + granularity - 1) / granularity * granularity;
+    CUmemGenericAllocationHandle handle = 0;
+    HYBRID_EP_CU_CHECK(driver::api().mem_create(&handle, bytes_, &prop, 0));
+    local_handle_ = handle;
+    local_ = map_fabric(handle, bytes_, granularity, device);
+  }
+  // Flags live in this buffer: they must start at zero.
+  HYBRID_EP_CUDA_CHECK(cudaMemset(local_, 0, bytes_));
+  HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+SymmetricBuffer::~SymmetricBuffer() {
+  close_peers();
+  if (kind_ == HandleKind::kCudaIpc) {
+    cudaFree(local_);
+  } else if (local_ != nullptr) {
+    unmap_fabric(local_, bytes_);
+    driver::api().mem_release(local_handle_);
+  }
+}
+
+std::string SymmetricBuffer::export_handle() const {
+  if (kind_ == HandleKind::kCudaIpc) {
+    cudaIpcMemHandle_t handle;
+    HYBRID_EP_CUDA_CHECK(cudaIpcGetMemHandle(&handle, local_));
+    return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  }
+  CUmemFabricHandle handle;
+  HYBRID_EP_CU_CHECK(driver::api().export_handle(&handle, local_handle_,
+                                                 CU_MEM_HANDLE_TYPE_FABRIC, 0));
+  return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
+}
+
+void SymmetricBuffer::open_peers(const std::vector<std::string>& handles, int self) {
+  close_peers();
+  self_ = self;
+  peers_.assign(handles.size(), nullptr);
+  peer_handles_.assign(handles.size(), 0);
+  const int device = current_device();
+  for (size_t j = 0; j < handles.size(); ++j) {
+    if (int(j) == self) {
+      peers_[j] = local_;  // a process cannot open its own IPC handle
+      continue;
+    }
+    if (kind_ == HandleKind::kCudaIpc) {
+      cudaIpcMemHandle_t handle;
+      if (handles[j].size() != sizeof(handle)) {
+        throw std::invalid_argument("open_peers: malformed CUDA IPC handle of local rank " +
+                                    std::to_string(j));
+      }
+      std::memcpy(&handle, handles[j].data(), sizeof(handle));
+      void* address = nullptr;
+      HYBRID_EP_CUDA_CHECK(
+          cudaIpcOpenMemHandle(&address, handle, cudaIpcMemLazyEnablePeerAccess));
+      peers_[j] = static_cast<uint8_t*>(address);
+    } else {
+      CUmemFabricHandle handle;
+      if (handles[j].size() != sizeof(handle)) {
+        throw std::invalid_argument("open_peers: malformed fabric handle of local rank " +
+                                    std::to_string(j));
+      }
+      std::memcpy(&handle, handles[j].data(), sizeof(handle));
+      CUmemGenericAllocationHandle imported = 0;
+      HYBRID_EP_CU_CHECK(
+          driver::api().import_handle(&imported, &handle, CU_MEM_HANDLE_TYPE_FABRIC));
+      peer_handles_[j] = imported;
+      const CUmemAllocationProp prop = fabric_properties(device);
+      peers_[j] = map_fabric(imported, bytes_, fabric_granularity(prop), device);
+    }
+  }
+  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&peer_table_),
+                                  sizeof(uint8_t*) * peers_.size()));
+  HYBRID_EP_CUDA_CHECK(cudaMemcpy(peer_table_, peers_.data(), sizeof(uint8_t*) * peers_.size(),
+                                  cudaMemcpyHostToDevice));
+}
+
+void SymmetricBuffer::close_peers() noexcept {
+  for (size_t j = 0; j < peers_.size(); ++j) {
+    if (int(j) == self_ || peers_[j] == nullptr) continue;
+    if (kind_ == HandleKind::kCudaIpc) {
+      cudaIpcCloseMemHandle(peers_[j]);
+    } else {
+      unmap_fabric(peers_[j], bytes_);
+      driver::api().mem_release(peer_handles_[j]);
+    }
+  }
+  peers_.clear();
+  peer_handles_.clear();
+  if (peer_table_ != nullptr) cudaFree(peer_table_);
+  peer_table_ = nullptr;
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,34 @@
+// A .cu file on purpose: the runtime is compiled by nvcc with the configured architectures
+// from the first build on, so toolchain problems show up before the kernels arrive.
+#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/runtime/device_info.h"
+
+namespace hybrid_ep {
+
+int device_count() noexcept {
+  int count = 0;
+  // No driver -> cudaErrorInsufficientDriver, no GPU -> cudaErrorNoDevice: both mean 0.
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+int runtime_version() {
+  int version = 0;
+  HYBRID_EP_CUDA_CHECK(cudaRuntimeGetVersion(&version));
+  return version;
+}
+
+int driver_version() noexcept {
+  int version = 0;
+  // Reports 0 (and success) when no driver is installed.
+  if (cudaDriverGetVersion(&version) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return version;
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,115 @@
+#include "hybrid_ep/runtime/runtime.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "hybrid_ep/runtime/cuda_check.h"
+
+namespace hybrid_ep {
+namespace {
+
+int max_shared_memory() {
+  int device = 0;
+  int bytes = 0;
+  HYBRID_EP_CUDA_CHECK(cudaGetDevice(&device));
+  HYBRID_EP_CUDA_CHECK(
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
+int ring_stages(int wanted, int minimum, int row_bytes, int smem_limit) {
+  const int stride = (row_bytes + 127) / 128 * 128 + 2 * int(sizeof(uint64_t));
+  const int fit = (smem_limit - 1024) / stride;
+  if (fit < minimum) {
+    throw std::invalid_argument("hidden rows of " + std::to_string(row_bytes) +
+                                " bytes: only " + std::to_string(fit) +
+                                " fit in shared memory, " + std::to_string(minimum) +
+                                " are needed");
+  }
+  return std::clamp(wanted, minimum, fit);
+}
+
+}  // namespace
+
+Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
+  if (config_.world != config_.ranks * config_.nodes) {
+    throw std::invalid_argument("world must equal ranks per domain x domains");
+  }
+  if (config_.world > 64) {
+    throw std::invalid_argument("at most 64 ranks per group are supported (metadata masks)");
+  }
+  shape_ = BufferShape{config_.world,
+                       config_.ranks,
+                       config_.experts_per_rank,
+                       config_.max_tokens,
+                       int64_t(config_.hidden) * 2,
+                       config_.hidden / 128,
+                       config_.dispatch_chunk};
+  layout_ = BufferLayout::make(shape_);
+  buffer_ = std::make_unique<SymmetricBuffer>(
+      layout_.total, config_.fabric ? HandleKind::kFabric : HandleKind::kCudaIpc);
+  const size_t counters = layout_.flags_end - layout_.flags_begin;
+  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&expected_), counters));
+  HYBRID_EP_CUDA_CHECK(cudaMemset(expected_, 0, counters));
+  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dest_masks_),
+                                  sizeof(uint64_t) * shape_.max_rows()));
+  HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&status_), sizeof(DeviceStatus),
+                                     cudaHostAllocMapped));
+  *status_ = DeviceStatus{};
+  HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_summary_),
+                                     2 * sizeof(int64_t), cudaHostAllocMapped));
+  host_summary_[0] = host_summary_[1] = 0;
+  smem_limit_ = max_shared_memory();
+  HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+Runtime::~Runtime() {
+  // Nothing of ours may still run when the memory goes away.
+  cudaDeviceSynchronize();
+  buffer_.reset();
+  cudaFree(expected_);
+  cudaFree(dest_masks_);
+  cudaFreeHost(status_);
+  cudaFreeHost(host_summary_);
+}
+
+void Runtime::open_peers(const std::vector<std::string>& handles) {
+  if (int(handles.size()) != config_.ranks) {
+    throw std::invalid_argument("open_peers: expected " + std::to_string(config_.ranks) +
+                                " handles (one per local rank), got " +
+                                std::to_string(handles.size()));
+  }
+  buffer_->open_peers(handles, config_.local_rank);
+  connected_ = true;
+}
+
+DomainView Runtime::domain() const {
+  if (!connected_) throw std::logic_error("Runtime: peers are not opened yet");
+  DomainView d{};
+  d.peers = buffer_->peer_table();
+  d.ranks = config_.ranks;
+  d.local_rank = config_.local_rank;
+  d.node_rank = config_.node_rank;
+  d.nodes = config_.nodes;
+  d.world = config_.world;
+  d.expected = expected_;
+  d.flags_begin = layout_.flags_begin;
+  DeviceStatus* device_status = nullptr;
+  HYBRID_EP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_status),
+                                                status_, 0));
+  d.status = device_status;
+  d.timeout_ns = uint64_t(config_.timeout_s * 1e9);
+  return d;
+}
+
+int Runtime::dispatch_stages(int row_bytes) const {
+  return ring_stages(config_.stages_dispatch, 2, row_bytes, smem_limit_);
+}
+
+int Runtime::combine_stages(int row_bytes) const {
+  // A token's copies (up to one per local rank) must fit at once, plus room to prefetch.
+  return ring_stages(std::max(config_.stages_combine, config_.ranks + 1), config_.ranks,
+                     row_bytes, smem_limit_);
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,77 @@
+// The runtime of one HybridEPBuffer on one rank: its registered buffer (mapped by the whole
+// NVLink domain), the consumer counters of its flags, scratch and the host-visible status.
+// Framework-agnostic: raw device pointers and cudaStream_t in.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hybrid_ep/kernels/common/status.h"
+#include "hybrid_ep/kernels/params.h"
+#include "hybrid_ep/memory/layout.h"
+#include "hybrid_ep/memory/symmetric_buffer.h"
+
+namespace hybrid_ep {
+
+struct RuntimeConfig {
+  int world = 1;
+  int ranks = 1;  // per NVLink domain
+  int nodes = 1;
+  int node_rank = 0;
+  int local_rank = 0;
+  int experts_per_rank = 1;
+  int max_tokens = 1;
+  int hidden = 16;  // widest hidden the buffer holds (BF16 rows)
+  int dispatch_chunk = 64;
+  int combine_chunk = 64;
+  int stages_dispatch = 8;
+  int stages_combine = 16;
+  int sms_dispatch = 16;
+  int sms_combine = 16;
+  int sms_preprocessing = 32;
+  double timeout_s = 30.0;
+  bool fabric = false;  // cuMem fabric handles (multi-node NVLink)
+};
+
+class Runtime {
+ public:
+  explicit Runtime(const RuntimeConfig& config);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const RuntimeConfig& config() const { return config_; }
+  const BufferShape& shape() const { return shape_; }
+  const BufferLayout& layout() const { return layout_; }
+
+  std::string export_handle() const { return buffer_->export_handle(); }
+  void open_peers(const std::vector<std::string>& handles);
+  bool connected() const { return connected_; }
+
+  DomainView domain() const;
+  uint8_t* registered() const { return buffer_->local(); }
+  uint64_t* dest_masks() const { return dest_masks_; }
+  int64_t* host_summary() const { return host_summary_; }
+  DeviceStatus status() const { return *status_; }
+  // Resource limits the kernels need (stages clamped to what shared memory holds).
+  int dispatch_stages(int row_bytes) const;
+  int combine_stages(int row_bytes) const;
+
+ private:
+  RuntimeConfig config_;
+  BufferShape shape_;
+  BufferLayout layout_;
+  std::unique_ptr<SymmetricBuffer> buffer_;
+  uint64_t* expected_ = nullptr;    // consumer counters of the flag region
+  uint64_t* dest_masks_ = nullptr;  // metadata scratch
+  DeviceStatus* status_ = nullptr;  // host-mapped
+  int64_t* host_summary_ = nullptr; // host-mapped [2]
+  int smem_limit_ = 0;
+  bool connected_ = false;
+};
+
+}  // namespace hybrid_ep

@@ -1,0 +1,428 @@
+"""HybridEPBuffer: the public API (a drop-in for DeepEP's hybrid-ep class of the same name).
+
+This class validates, normalises and orchestrates; engines move the data. CPU tensors run on
+the pure-torch reference engine; CUDA tensors on the CUDA engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from . import handle as handles
+from . import validation as v
+from .config import CONFIG_FIELDS, EnvSettings, HybridEPConfig
+from .engines import select_engine
+from .reference import layout as layouts
+from .reference.engine import ReferenceEngine
+from .topology import Topology, check_ranks_per_domain, detect_ranks_per_domain, gather_objects
+from .topology import local_facts
+
+_BUFFER_IDS = itertools.count(1)
+
+DEFAULT_SMS_DISPATCH = 16
+DEFAULT_SMS_COMBINE = 16
+DEFAULT_SMS_PREPROCESSING = 32
+DEFAULT_BLOCKS_PERMUTE = 16
+# Fields update_template_config accepts as keyword arguments beyond its named ones.
+_TUNABLE_FIELDS = tuple(f for f in CONFIG_FIELDS if f.startswith(("num_sms", "num_blocks",
+                                                                   "num_of_tokens_per_chunk",
+                                                                   "num_of_stages")))
+
+
+def _positive(name: str, value, default: int) -> int:
+    if value is None:
+        return default
+    return v.require_int(name, value, minimum=1)
+
+
+class HybridEPBuffer:
+    def __init__(self, group, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
+                 use_fp8=False, num_sms_dispatch_api=None, num_sms_combine_api=None,
+                 num_sms_preprocessing_api=None, num_blocks_permute=None,
+                 num_blocks_unpermute=None, load_cached_kernels=False, use_shared_buffer=True,
+                 enable_custom_allgather=False, num_of_hybrid_ep_ranks_per_nvlink_domain=None,
+                 use_mnnvl=None):
+        if not dist.is_initialized():
+            raise RuntimeError("group: torch.distributed is not initialised; call "
+                               "torch.distributed.init_process_group first")
+        group = dist.group.WORLD if group is None else group
+        hidden_dim = v.require_int("hidden_dim", hidden_dim, minimum=1)
+        if hidden_dim % v.BF16_ALIGN != 0:
+            raise ValueError(f"hidden_dim={hidden_dim}: expected a multiple of {v.BF16_ALIGN}")
+        max_tokens = v.require_int("max_num_of_tokens_per_rank", max_num_of_tokens_per_rank,
+                                   minimum=1)
+        experts = v.require_int("num_local_experts", num_local_experts, minimum=1)
+        if not isinstance(use_fp8, bool):
+            raise TypeError(f"use_fp8: expected a bool, got {use_fp8!r}")
+        env = EnvSettings.read()
+        self._env = env
+
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.group_size = dist.get_world_size(group)
+        # Construction is collective: agree on the shape of the problem and find the domains.
+        facts = local_facts() | {"hidden_dim": hidden_dim, "max_tokens": max_tokens,
+                                 "num_local_experts": experts}
+        everyone = gather_objects(facts, group)
+        for key, arg in (("hidden_dim", "hidden_dim"), ("num_local_experts", "num_local_experts")):
+            values = [f[key] for f in everyone]
+            if len(set(values)) != 1:
+                raise ValueError(f"{arg}: ranks disagree ({values}); every rank must pass the "
+                                 "same value")
+        mnnvl = env.use_mnnvl if use_mnnvl is None else bool(use_mnnvl)
+        if num_of_hybrid_ep_ranks_per_nvlink_domain is not None:
+            ranks_per_domain = check_ranks_per_domain(
+                num_of_hybrid_ep_ranks_per_nvlink_domain, self.group_size,
+                "num_of_hybrid_ep_ranks_per_nvlink_domain")
+        elif env.ranks_per_domain is not None:
+            ranks_per_domain = check_ranks_per_domain(
+                env.ranks_per_domain, self.group_size,
+                "environment variable NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN")
+        else:
+            ranks_per_domain = detect_ranks_per_domain([f["host"] for f in everyone], mnnvl)
+        self.topology = Topology(self.rank, self.group_size, ranks_per_domain)
+        self.num_of_hybrid_ep_ranks_per_nvlink_domain = ranks_per_domain
+        self.local_rank = self.topology.local_rank
+        self.node_rank = self.topology.node_rank
+        self.num_of_nodes = self.topology.num_of_nodes
+        self.use_mnnvl = mnnvl
+        # Accepted for compatibility: kernels are built ahead of time, buffers always shared.
+        self.load_cached_kernels = bool(load_cached_kernels)
+        self.use_shared_buffer = bool(use_shared_buffer)
+        self.enable_custom_allgather = bool(enable_custom_allgather)
+
+        self.config = HybridEPConfig(
+            buffer_id=next(_BUFFER_IDS),
+            hidden_dim=hidden_dim,
+            max_num_of_tokens_per_rank=max(f["max_tokens"] for f in everyone),
+            num_local_experts=experts,
+            use_fp8=use_fp8,
+            group_size=self.group_size,
+            num_of_ranks_per_node=ranks_per_domain,
+            num_of_nodes=self.num_of_nodes,
+            num_sms_dispatch_api=_positive("num_sms_dispatch_api", num_sms_dispatch_api,
+                                           DEFAULT_SMS_DISPATCH),
+            num_sms_combine_api=_positive("num_sms_combine_api", num_sms_combine_api,
+                                          DEFAULT_SMS_COMBINE),
+            num_sms_preprocessing_api=_positive("num_sms_preprocessing_api",
+                                                num_sms_preprocessing_api,
+                                                DEFAULT_SMS_PREPROCESSING),
+            num_blocks_permute=_positive("num_blocks_permute", num_blocks_permute,
+                                         DEFAULT_BLOCKS_PERMUTE),
+            num_blocks_unpermute=_positive("num_blocks_unpermute", num_blocks_unpermute,
+                                           DEFAULT_BLOCKS_PERMUTE),
+            num_of_tokens_per_chunk_dispatch_api=env.tokens_per_chunk_dispatch,
+            num_of_tokens_per_chunk_combine_api=env.tokens_per_chunk_combine,
+            num_of_tokens_per_chunk_preprocessing_api=env.tokens_per_chunk_preprocessing,
+            num_of_stages_dispatch_api=env.stages_dispatch,
+            num_of_stages_g2s_combine_api=env.stages_g2s_combine,
+            num_of_stages_s2g_combine_api=env.stages_s2g_combine,
+            num_channels=env.num_channels,
+        )
+        self._reference = ReferenceEngine(group, self.topology, experts)
+
+    # -- attributes of the original class ------------------------------------------------------
+    @property
+    def hidden_dim(self) -> int:
+        return self.config.hidden_dim
+
+    @property
+    def max_num_of_tokens_per_rank(self) -> int:
+        return self.config.max_num_of_tokens_per_rank
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.config.num_local_experts
+
+    @property
+    def num_of_experts(self) -> int:
+        return self.config.num_of_experts
+
+    @property
+    def use_fp8(self) -> bool:
+        return self.config.use_fp8
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"HybridEPBuffer(rank={self.rank}/{self.group_size}, domains={self.num_of_nodes}"
+                f"x{self.num_of_hybrid_ep_ranks_per_nvlink_domain}, hidden={c.hidden_dim}, "
+                f"max_tokens={c.max_num_of_tokens_per_rank}, experts/rank={c.num_local_experts})")
+
+    # -- shared steps ----------------------------------------------------------------------------
+    def _engine(self, hidden: torch.Tensor):
+        return select_engine(self._env.engine, hidden.device, self._reference)
+
+    def _check_rows(self, name: str, rows: int, *, non_blocking: bool):
+        if non_blocking and rows > self.config.max_num_of_tokens_per_rank:
+            raise ValueError(f"{name}: {rows} tokens exceed the buffer maximum of "
+                             f"{self.config.max_num_of_tokens_per_rank} per rank; a non-blocking "
+                             "call cannot grow the buffer (raise max_num_of_tokens_per_rank, or "
+                             "call once in blocking mode)")
+
+    def _preprocess(self, engine, routing_map: torch.Tensor, *, non_blocking: bool):
+        """Gather the routing and build the layout; blocking calls agree on the token maximum
+        with the other ranks and grow the buffer collectively when a rank has more tokens."""
+        while True:
+            tokens = self.config.max_num_of_tokens_per_rank
+            layout, routing, needed = engine.preprocess(routing_map, tokens,
+                                                        blocking=not non_blocking)
+            if needed <= tokens:
+                return layout, routing, tokens
+            # Every rank saw the same gathered counts, so every rank grows here together.
+            warnings.warn(f"HybridEPBuffer: growing max_num_of_tokens_per_rank from {tokens} to "
+                          f"{needed} (collective, slow); size the buffer for the largest batch "
+                          "to avoid this", RuntimeWarning, stacklevel=4)
+            self.config = self.config.replace(max_num_of_tokens_per_rank=needed)
+            engine.grow(self.config)
+
+    def _input_rows(self, hidden, *, allow_fp8: bool, use_fp8=None):
+        is_fp8 = v.check_hidden(hidden, allow_fp8=allow_fp8)
+        if use_fp8 is not None and bool(use_fp8) != is_fp8:
+            raise ValueError(f"use_fp8={use_fp8}: hidden is {hidden.dtype}; expected "
+                             f"use_fp8={is_fp8} or None")
+        return is_fp8
+
+    def _dispatch_rows(self, engine, *, hidden, scaling_factor, probs, routing_map, handle,
+                       permute: bool, caller: str, non_blocking: bool):
+        """Preprocess (or reuse the handle), then move rows. Returns rows, layout, call config."""
+        if handle is not None:
+            made = handles.check_handle(handle, self.config, permute=permute, caller=caller)
+            if hidden.shape[0] != made.num_tokens:
+                raise ValueError(f"hidden: {hidden.shape[0]} rows, but the handle was made for "
+                                 f"{made.num_tokens} tokens on this rank")
+            layout = handles.layout_from_handle(handle)
+            tokens = handle[5] if not permute else handle[8]
+            routing = None
+        else:
+            layout, routing, tokens = self._preprocess(engine, routing_map.contiguous(),
+                                                       non_blocking=non_blocking)
+            made = None
+        rows = engine.dispatch(hidden.contiguous(),
+                               probs.contiguous() if probs is not None else None,
+                               scaling_factor.contiguous() if scaling_factor is not None else None,
+                               layout, tokens)
+        return rows, layout, tokens, made, routing
+
+    @staticmethod
+    def _check_dispatched_count(value, actual: int):
+        if value is None:
+            return
+        value = v.require_int("num_dispatched_tokens", value)
+        if value != actual:
+            raise ValueError(f"num_dispatched_tokens={value}: this rank receives {actual} rows")
+
+    # -- dispatch / combine ----------------------------------------------------------------------
+    def dispatch(self, hidden, scaling_factor=None, topk_idx=None, topk_weights=None,
+                 num_of_experts=None, probs=None, routing_map=None,
+                 num_dispatched_tokens_tensor=None, num_dispatched_tokens=None, handle=None):
+        is_fp8 = self._input_rows(hidden, allow_fp8=True)
+        engine = self._engine(hidden)
+        scaling_factor = v.check_scaling_factor(scaling_factor, hidden, is_fp8)
+        routing_map, probs = v.resolve_routing(
+            hidden=hidden, routing_map=routing_map, probs=probs, topk_idx=topk_idx,
+            topk_weights=topk_weights, num_of_experts=num_of_experts,
+            expected_experts=self.config.num_of_experts, has_handle=handle is not None)
+        if num_dispatched_tokens_tensor is not None:
+            v.require_tensor("num_dispatched_tokens_tensor", num_dispatched_tokens_tensor,
+                             dtypes=(torch.int32,), ndim=1, shape=(1,))
+        (out, out_probs, out_scales), layout, tokens, made, _ = self._dispatch_rows(
+            engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs,
+            routing_map=routing_map, handle=handle, permute=False, caller="dispatch",
+            non_blocking=False)
+        self._check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
+        if num_dispatched_tokens_tensor is not None:
+            num_dispatched_tokens_tensor.fill_(layout.num_dispatched_tokens)
+        if made is None:
+            call = self.config.replace(
+                max_num_of_tokens_per_rank=tokens, with_permute=False,
+                num_tokens=hidden.shape[0], num_dispatched_tokens=layout.num_dispatched_tokens,
+                non_blocking=False)
+            handle = handles.make_dispatch_handle(layout, tokens, call, hidden.device)
+        return out, out_probs, out_scales, handle
+
+    def combine(self, hidden, probs=None, handle=None):
+        if handle is None:
+            raise ValueError("handle: required; pass the handle returned by dispatch")
+        made = handles.check_handle(handle, self.config, permute=False, caller="combine")
+        self._check_combine_input(hidden, probs, made.num_dispatched_tokens,
+                                  probs_shape=(made.num_dispatched_tokens,
+                                               self.config.num_local_experts
+                                               * self.num_of_hybrid_ep_ranks_per_nvlink_domain))
+        engine = self._engine(hidden)
+        layout = handles.layout_from_handle(handle)
+        return engine.combine(hidden.contiguous(),
+                              probs.contiguous() if probs is not None else None,
+                              layout, handle[5], made.num_tokens)
+
+    def _check_combine_input(self, hidden, probs, rows: int, probs_shape: tuple):
+        self._input_rows(hidden, allow_fp8=False)
+        if hidden.shape[0] != rows:
+            raise ValueError(f"hidden: expected {rows} rows (the handle's dispatched/permuted "
+                             f"rows), got {v.describe(hidden)}")
+        if probs is not None:
+            v.require_tensor("probs", probs, dtypes=(torch.float32,), ndim=len(probs_shape),
+                             shape=probs_shape, device=hidden.device)
+
+    # -- permuted variants -----------------------------------------------------------------------
+    def dispatch_with_permute(self, *, hidden, topk_idx=None, topk_weights=None,
+                              num_of_experts_per_rank=None, num_of_experts=None, use_fp8=None,
+                              routing_map=None, probs=None, scaling_factor=None,
+                              num_permuted_tokens=None, pad_multiple=None, handle=None,
+                              non_blocking=False, fuse_permute_dispatch=False,
+                              num_dispatched_tokens=None, use_host_meta=None):
+        is_fp8 = self._input_rows(hidden, allow_fp8=True, use_fp8=use_fp8)
+        engine = self._engine(hidden)
+        if num_of_experts_per_rank is not None:
+            per_rank = v.require_int("num_of_experts_per_rank", num_of_experts_per_rank,
+                                     minimum=1)
+            if per_rank != self.config.num_local_experts:
+                raise ValueError(f"num_of_experts_per_rank={per_rank}: the buffer has "
+                                 f"{self.config.num_local_experts} local experts")
+        scaling_factor = v.check_scaling_factor(scaling_factor, hidden, is_fp8)
+        routing_map, probs = v.resolve_routing(
+            hidden=hidden, routing_map=routing_map, probs=probs, topk_idx=topk_idx,
+            topk_weights=topk_weights, num_of_experts=num_of_experts,
+            expected_experts=self.config.num_of_experts, has_handle=handle is not None)
+        pad = v.normalize_pad_multiple(pad_multiple)
+        _check_flag("non_blocking", non_blocking)
+        _check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
+        if use_host_meta is not None:
+            _check_flag("use_host_meta", use_host_meta)
+        budget = None
+        if num_permuted_tokens is not None:
+            budget = v.require_int("num_permuted_tokens", num_permuted_tokens)
+            if budget % pad != 0:
+                raise ValueError(f"num_permuted_tokens={budget}: expected a multiple of "
+                                 f"pad_multiple={pad}")
+        elif non_blocking:
+            raise ValueError("num_permuted_tokens: required with non_blocking=True (it sizes the "
+                             "output without a host synchronisation)")
+        if handle is not None:
+            made = handles.check_handle(handle, self.config, permute=True,
+                                        caller="dispatch_with_permute")
+            _check_same("pad_multiple", pad, made.pad_multiple)
+            _check_same("fuse_permute_dispatch", fuse_permute_dispatch,
+                        made.fuse_permute_dispatch)
+            if budget is None:
+                budget = made.num_permuted_tokens
+        self._check_rows("hidden", hidden.shape[0], non_blocking=non_blocking)
+
+        (rows, row_probs, row_scales), layout, tokens, made, routing = self._dispatch_rows(
+            engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs,
+            routing_map=routing_map, handle=handle, permute=True,
+            caller="dispatch_with_permute", non_blocking=non_blocking)
+        self._check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
+        plan = layouts.permute_layout(layout.local_expert_routing_map,
+                                      layout.num_dispatched_tokens, pad, budget)
+        out, out_probs, out_scales = engine.permute(rows, row_probs, row_scales, plan)
+
+        device = hidden.device
+        overflow = torch.tensor([int(plan.overflow)], dtype=torch.int32, device=device)
+        if handle is not None and plan.num_permuted_tokens == made.num_permuted_tokens:
+            handle[10].copy_(overflow)
+        else:
+            if handle is not None:
+                chunk_layout = handle[5]
+            else:
+                chunk_layout = layouts.dense_chunk_layout(
+                    routing, self.topology, self.config.num_local_experts,
+                    self.config.num_of_tokens_per_chunk_dispatch_api)
+            base = made or self.config.replace(
+                max_num_of_tokens_per_rank=tokens, with_permute=True, num_tokens=hidden.shape[0],
+                num_dispatched_tokens=layout.num_dispatched_tokens, pad_multiple=pad,
+                fuse_permute_dispatch=fuse_permute_dispatch)
+            call = base.replace(num_permuted_tokens=plan.num_permuted_tokens,
+                                non_blocking=non_blocking)
+            handle = handles.make_permute_handle(
+                layout, chunk_layout, plan.dense_to_expert_map, plan.raw_tokens_per_expert,
+                tokens, call, overflow, device)
+        tokens_per_expert = plan.padded_tokens_per_expert.to(torch.int64)
+        if non_blocking:
+            tokens_per_expert = tokens_per_expert.to(device)
+        elif device.type == "cuda":
+            tokens_per_expert = tokens_per_expert.pin_memory()
+        return out, out_probs, out_scales, tokens_per_expert, handle
+
+    def combine_with_unpermute(self, *, hidden, probs=None, handle=None, pad_multiple=None,
+                               fuse_unpermute_combine=False, num_dispatched_tokens=None):
+        if handle is None:
+            raise ValueError("handle: required; pass the handle returned by "
+                             "dispatch_with_permute")
+        made = handles.check_handle(handle, self.config, permute=True,
+                                    caller="combine_with_unpermute")
+        _check_flag("fuse_unpermute_combine", fuse_unpermute_combine)
+        _check_same("pad_multiple", v.normalize_pad_multiple(pad_multiple), made.pad_multiple)
+        _check_same("fuse_unpermute_combine", fuse_unpermute_combine, made.fuse_permute_dispatch,
+                    made_with="fuse_permute_dispatch")
+        self._check_dispatched_count(num_dispatched_tokens, made.num_dispatched_tokens)
+        self._check_combine_input(hidden, probs, made.num_permuted_tokens,
+                                  probs_shape=(made.num_permuted_tokens,))
+        engine = self._engine(hidden)
+        layout = handles.layout_from_handle(handle)
+        dense, dense_probs = engine.unpermute(hidden.contiguous(),
+                                              probs.contiguous() if probs is not None else None,
+                                              handle[6], made.num_dispatched_tokens)
+        return engine.combine(dense, dense_probs, layout, handle[8], made.num_tokens)
+
+    # -- configuration ---------------------------------------------------------------------------
+    def update_template_config(self, hidden_dim=None, num_of_tokens_per_rank=None,
+                               num_local_experts=None, pad_multiple=None, use_fp8=None,
+                               fuse_permute_dispatch=False, **kwargs):
+        """Update the template every later call starts from; capacity only grows.
+
+        Call it on every rank with the same arguments. Changing ``num_local_experts`` changes
+        the expert layout, so handles made before it are refused afterwards.
+        """
+        changes = {}
+        if hidden_dim is not None:
+            hidden_dim = v.require_int("hidden_dim", hidden_dim, minimum=1)
+            if hidden_dim % v.BF16_ALIGN != 0:
+                raise ValueError(f"hidden_dim={hidden_dim}: expected a multiple of "
+                                 f"{v.BF16_ALIGN}")
+            changes["hidden_dim"] = max(hidden_dim, self.config.hidden_dim)
+        if num_of_tokens_per_rank is not None:
+            tokens = v.require_int("num_of_tokens_per_rank", num_of_tokens_per_rank, minimum=1)
+            changes["max_num_of_tokens_per_rank"] = max(tokens,
+                                                        self.config.max_num_of_tokens_per_rank)
+        if num_local_experts is not None:
+            experts = v.require_int("num_local_experts", num_local_experts, minimum=1)
+            if experts != self.config.num_local_experts:
+                changes["num_local_experts"] = experts
+                self._reference = ReferenceEngine(self.group, self.topology, experts)
+        if pad_multiple is not None:
+            changes["pad_multiple"] = v.normalize_pad_multiple(pad_multiple)
+        if use_fp8 is not None:
+            _check_flag("use_fp8", use_fp8)
+            changes["use_fp8"] = use_fp8
+        _check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
+        changes["fuse_permute_dispatch"] = fuse_permute_dispatch
+        for key, value in kwargs.items():
+            if key not in _TUNABLE_FIELDS:
+                raise TypeError(f"update_template_config: unknown argument {key!r}; expected one "
+                                f"of {', '.join(_TUNABLE_FIELDS)}")
+            changes[key] = v.require_int(key, value, minimum=1)
+        self.config = self.config.replace(**changes)
+        return self.config
+
+    def empty_jit_cache(self):
+        """Empties ``$HYBRID_EP_CACHE_DIR/kernels`` (only that folder: the root may be shared)."""
+        kernels = self._env.cache_dir / "kernels"
+        if kernels.is_dir():
+            shutil.rmtree(kernels)
+        return None
+
+
+def _check_flag(name: str, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {value!r}")
+
+
+def _check_same(name: str, given, made, made_with: str | None = None):
+    if given != made:
+        raise ValueError(f"{name}={given}: the handle was made with {made_with or name}={made}; "
+                         "a call that reuses a handle must use the same value")

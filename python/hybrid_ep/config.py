@@ -1,0 +1,243 @@
+"""Buffer configuration and the environment variables that shape it.
+
+Every variable the package reads is declared once in ``ENV_VARS`` (the README table is written
+from the same list); a malformed value raises ``ValueError`` naming the variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    meaning: str
+
+
+ENV_VARS = (
+    EnvVar("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "detected",
+           "ranks per NVLink domain R; must divide the group size"),
+    EnvVar("USE_MNNVL", "0", "1: the whole group is one multi-node NVLink domain (fabric handles)"),
+    EnvVar("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", "64", "tokens per dispatch chunk"),
+    EnvVar("NUM_OF_TOKENS_PER_CHUNK_COMBINE_API", "64", "tokens per combine chunk"),
+    EnvVar("NUM_OF_TOKENS_PER_CHUNK_PREPROCESSING_API", "64", "tokens per metadata chunk"),
+    EnvVar("NUM_OF_STAGES_DISPATCH_API", "8", "shared-memory ring stages of dispatch"),
+    EnvVar("NUM_OF_STAGES_G2S_COMBINE_API", "8", "load ring stages of combine"),
+    EnvVar("NUM_OF_STAGES_S2G_COMBINE_API", "2", "store ring stages of combine"),
+    EnvVar("HYBRID_EP_CACHE_DIR", "~/.cache/hybrid_ep",
+           "cache root; empty_jit_cache() empties its kernels/ folder"),
+    EnvVar("HYBRID_EP_NUM_CHANNELS", "1", "independent network queues per peer (1-64)"),
+    EnvVar("DEEPEP_NIXL_GDA_NUM_CHANNELS", "unset", "alias of HYBRID_EP_NUM_CHANNELS (nixl build)"),
+    EnvVar("DEEPEP_NIXL_RUN_ID", "SLURM ids", "run id naming the NIXL agents"),
+    EnvVar("NIXL_ETCD_ENDPOINTS", "unset",
+           "comma-separated http(s)://host:port list; set: NIXL metadata goes through etcd"),
+    EnvVar("HYBRID_EP_NIC_MAPPING", "auto", "gpu:nic[:port],... NIC per GPU (doca build)"),
+    EnvVar("HYBRID_EP_ENGINE", "auto",
+           "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
+    EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
+)
+
+_ENV_NAMES = {v.name for v in ENV_VARS}
+
+
+def _raw(name: str) -> str | None:
+    assert name in _ENV_NAMES, name
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def env_int(name: str, default: int | None, minimum: int = 1, maximum: int | None = None):
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        number = int(value, 10)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r}: expected an integer") from None
+    if number < minimum or (maximum is not None and number > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise ValueError(f"environment variable {name}={value!r}: expected an integer >= {minimum}"
+                         f"{upper}")
+    return number
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = _raw(name)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable {name}={value!r}: expected 0/1/true/false")
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _raw(name)
+    if value is None:
+        return default
+    if value not in choices:
+        raise ValueError(f"environment variable {name}={value!r}: expected one of {choices}")
+    return value
+
+
+_NIC_ENTRY = re.compile(r"^(\d+):([A-Za-z0-9_.\-]+)(?::(\d+))?$")
+
+
+def parse_nic_mapping(text: str | None) -> dict[int, list[tuple[str, int]]] | None:
+    """``gpu:nic[:port],...`` -> {gpu: [(nic, port), ...]}; several NICs per GPU allowed."""
+    if text is None or text == "auto":
+        return None
+    mapping: dict[int, list[tuple[str, int]]] = {}
+    for entry in text.split(","):
+        match = _NIC_ENTRY.match(entry.strip())
+        if match is None:
+            raise ValueError(f"environment variable HYBRID_EP_NIC_MAPPING={text!r}: entry {entry!r} "
+                             "is not gpu:nic[:port] (e.g. 0:mlx5_0:1,1:mlx5_1)")
+        gpu, nic, port = int(match[1]), match[2], int(match[3] or 1)
+        if port < 1:
+            raise ValueError(f"environment variable HYBRID_EP_NIC_MAPPING={text!r}: port of "
+                             f"{entry!r} must be >= 1")
+        mapping.setdefault(gpu, []).append((nic, port))
+    return mapping
+
+
+_ETCD_ENDPOINT = re.compile(r"^https?://[A-Za-z0-9_.\-\[\]:]+:\d+/?$")
+
+
+def parse_etcd_endpoints(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return ()
+    endpoints = tuple(e.strip() for e in text.split(","))
+    for endpoint in endpoints:
+        if not _ETCD_ENDPOINT.match(endpoint):
+            raise ValueError(f"environment variable NIXL_ETCD_ENDPOINTS={text!r}: {endpoint!r} is "
+                             "not http(s)://host:port")
+    return endpoints
+
+
+def num_channels_from_env() -> int:
+    primary = env_int("HYBRID_EP_NUM_CHANNELS", None, 1, 64)
+    alias = env_int("DEEPEP_NIXL_GDA_NUM_CHANNELS", None, 1, 64)
+    if primary is not None and alias is not None and primary != alias:
+        raise ValueError(f"environment variables HYBRID_EP_NUM_CHANNELS={primary} and "
+                         f"DEEPEP_NIXL_GDA_NUM_CHANNELS={alias} disagree; set one of them")
+    return primary or alias or 1
+
+
+def run_id_from_env() -> str | None:
+    run_id = _raw("DEEPEP_NIXL_RUN_ID")
+    if run_id is not None:
+        if not re.match(r"^[A-Za-z0-9_.\-]+$", run_id):
+            raise ValueError(f"environment variable DEEPEP_NIXL_RUN_ID={run_id!r}: expected "
+                             "letters, digits, '.', '_' or '-'")
+        return run_id
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        step = os.environ.get("SLURM_STEP_ID")
+        return f"slurm-{job}" + (f"-{step}" if step else "")
+    return None
+
+
+def cache_dir() -> Path:
+    value = _raw("HYBRID_EP_CACHE_DIR") or "~/.cache/hybrid_ep"
+    return Path(value).expanduser()
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """Everything read from the environment, parsed and checked once per buffer."""
+
+    ranks_per_domain: int | None
+    use_mnnvl: bool
+    tokens_per_chunk_dispatch: int
+    tokens_per_chunk_combine: int
+    tokens_per_chunk_preprocessing: int
+    stages_dispatch: int
+    stages_g2s_combine: int
+    stages_s2g_combine: int
+    num_channels: int
+    run_id: str | None
+    etcd_endpoints: tuple[str, ...]
+    nic_mapping: dict | None
+    engine: str
+    cache_dir: Path
+
+    @staticmethod
+    def read() -> EnvSettings:
+        return EnvSettings(
+            ranks_per_domain=env_int("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", None),
+            use_mnnvl=env_bool("USE_MNNVL", False),
+            tokens_per_chunk_dispatch=env_int("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", 64, 1, 4096),
+            tokens_per_chunk_combine=env_int("NUM_OF_TOKENS_PER_CHUNK_COMBINE_API", 64, 1, 4096),
+            tokens_per_chunk_preprocessing=env_int(
+                "NUM_OF_TOKENS_PER_CHUNK_PREPROCESSING_API", 64, 1, 4096),
+            stages_dispatch=env_int("NUM_OF_STAGES_DISPATCH_API", 8, 1, 64),
+            stages_g2s_combine=env_int("NUM_OF_STAGES_G2S_COMBINE_API", 8, 1, 64),
+            stages_s2g_combine=env_int("NUM_OF_STAGES_S2G_COMBINE_API", 2, 1, 64),
+            num_channels=num_channels_from_env(),
+            run_id=run_id_from_env(),
+            etcd_endpoints=parse_etcd_endpoints(_raw("NIXL_ETCD_ENDPOINTS")),
+            nic_mapping=parse_nic_mapping(_raw("HYBRID_EP_NIC_MAPPING")),
+            engine=env_choice("HYBRID_EP_ENGINE", "auto", ("auto", "reference", "cuda")),
+            cache_dir=cache_dir(),
+        )
+
+
+@dataclass(frozen=True)
+class HybridEPConfig:
+    """The buffer's template; a handle carries a copy with the call's fields filled in."""
+
+    buffer_id: int
+    hidden_dim: int
+    max_num_of_tokens_per_rank: int
+    num_local_experts: int
+    use_fp8: bool
+    group_size: int
+    num_of_ranks_per_node: int
+    num_of_nodes: int
+    num_sms_dispatch_api: int
+    num_sms_combine_api: int
+    num_sms_preprocessing_api: int
+    num_blocks_permute: int
+    num_blocks_unpermute: int
+    num_of_tokens_per_chunk_dispatch_api: int
+    num_of_tokens_per_chunk_combine_api: int
+    num_of_tokens_per_chunk_preprocessing_api: int
+    num_of_stages_dispatch_api: int
+    num_of_stages_g2s_combine_api: int
+    num_of_stages_s2g_combine_api: int
+    num_channels: int
+    # Template values set by update_template_config; the call's own values win.
+    pad_multiple: int = 1
+    fuse_permute_dispatch: bool = False
+    # Per-call fields, filled in the config stored in a handle.
+    with_permute: bool | None = None
+    num_tokens: int | None = None
+    num_dispatched_tokens: int | None = None
+    num_permuted_tokens: int | None = None
+    non_blocking: bool | None = None
+
+    @property
+    def num_of_experts(self) -> int:
+        return self.num_local_experts * self.group_size
+
+    def layout_key(self) -> tuple:
+        """Fields a handle must share with the buffer to be usable with it."""
+        return (self.buffer_id, self.num_local_experts, self.group_size,
+                self.num_of_ranks_per_node, self.num_of_nodes)
+
+    def replace(self, **changes) -> HybridEPConfig:
+        return dataclasses.replace(self, **changes)
+
+
+CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(HybridEPConfig))

@@ -1,0 +1,46 @@
+"""An independent check of dispatch and combine for the bench: gather everything, select directly.
+
+Deliberately unlike the engines: no handle, no staging, no padding tricks; every rank's inputs
+are gathered as Python objects and each expected row is picked by a plain boolean mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def gather_inputs(group, **tensors) -> list[dict]:
+    mine = {k: (t.cpu() if t is not None else None) for k, t in tensors.items()}
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    return everyone
+
+
+def expected_dispatch(everyone: list[dict], rank: int, experts: int, ranks_per_domain: int):
+    """Rows of this rank: sources ascending, tokens ascending, wherever one expert is local."""
+    node_width = experts * ranks_per_domain
+    node = rank // ranks_per_domain
+    hidden, probs, scales = [], [], []
+    for source in everyone:
+        wanted = source["routing_map"][:, rank * experts:(rank + 1) * experts].any(dim=1)
+        hidden.append(source["hidden"][wanted])
+        if source.get("probs") is not None:
+            probs.append(source["probs"][wanted][:, node * node_width:(node + 1) * node_width])
+        if source.get("scaling_factor") is not None:
+            scales.append(source["scaling_factor"][wanted])
+    return (torch.cat(hidden), torch.cat(probs) if probs else None,
+            torch.cat(scales) if scales else None)
+
+
+def copies_per_token(routing_map: torch.Tensor, experts: int) -> torch.Tensor:
+    """How many ranks receive each token."""
+    tokens, total = routing_map.shape
+    return routing_map.view(tokens, total // experts, experts).any(-1).sum(-1)
+
+
+def expected_combine_of_dispatch(hidden: torch.Tensor, routing_map: torch.Tensor,
+                                 experts: int) -> torch.Tensor:
+    """combine(dispatch(x)) = x times its copy count (exact in fp32 for small counts)."""
+    copies = copies_per_token(routing_map, experts).to(torch.float32)
+    return (hidden.float() * copies[:, None]).to(torch.bfloat16)

@@ -1,0 +1,133 @@
+"""The pure-torch reference engine: exact semantics over any process group, on any device.
+
+It is the oracle of every CUDA test and what ``HybridEPBuffer`` runs on CPU tensors. Inputs
+arrive validated and normalised by the buffer (contiguous, routing as a bool map).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..topology import Topology
+from . import layout as layouts
+from . import movement
+from .comm import all_gather_ints, all_gather_rows
+
+
+class ReferenceEngine:
+    name = "reference"
+
+    def __init__(self, group, topo: Topology, experts_per_rank: int):
+        self.group = group
+        self.topo = topo
+        self.experts = experts_per_rank
+
+    # -- collectives of a call -------------------------------------------------------------
+    def preprocess(self, routing_map: torch.Tensor, tokens: int, blocking: bool = True):
+        """All-gather the routing (padded to ``tokens`` rows) and derive this rank's layout.
+
+        Returns (layout, gathered routing, largest token count of any rank); when that count
+        exceeds ``tokens`` the caller grows the buffer and calls again.
+        """
+        needed = int(all_gather_ints([routing_map.shape[0]], self.group).max())
+        if needed > tokens:
+            return None, None, needed
+        gathered = all_gather_rows(routing_map.cpu(), tokens, self.group)
+        layout = layouts.dispatch_layout(gathered, self.topo, self.experts)
+        return layout, gathered, needed
+
+    def grow(self, config) -> None:
+        """Nothing is preallocated here; the layouts follow the new maximum by themselves."""
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor | None,
+                 scaling_factor: torch.Tensor | None, layout: layouts.DispatchLayout,
+                 tokens: int):
+        rows = layout.num_dispatched_tokens
+        move = self._mover(layout, tokens, rows)
+        out_hidden = move(hidden)
+        out_probs = None
+        if probs is not None:
+            width = self.experts * self.topo.ranks_per_domain
+            node = self.topo.node_rank
+            # The network leg carries only the destination domain's columns.
+            out_probs = move(probs, columns=slice(node * width, (node + 1) * width))
+        out_scales = move(scaling_factor) if scaling_factor is not None else None
+        return out_hidden, out_probs, out_scales
+
+    def _mover(self, layout, tokens, rows):
+        def move(x: torch.Tensor, columns: slice | None = None) -> torch.Tensor:
+            tiles = movement.forward_to_domain(x, layout.rdma_to_attn_map, tokens, self.topo,
+                                               self.group)
+            if columns is not None:
+                tiles = tiles[:, columns].contiguous()
+            return movement.scatter_in_domain(tiles, layout.sparse_to_dense_map.to(x.device),
+                                              rows, self.topo, self.group)
+        return move
+
+    # -- combine -----------------------------------------------------------------------------
+    def combine(self, hidden: torch.Tensor, probs: torch.Tensor | None,
+                layout: layouts.DispatchLayout, tokens: int, num_tokens: int):
+        """``hidden`` [D, H] (any float dtype, summed in fp32), ``probs`` fp32 [D, E*R]."""
+        s2d = layout.sparse_to_dense_map
+        partial = movement.reduce_in_domain(hidden.float(), s2d, self.topo, self.group)
+        combined = movement.return_to_source(partial, layout.rdma_to_attn_map, tokens,
+                                             num_tokens, self.topo, self.group)
+        combined_probs = None
+        if probs is not None:
+            partial_probs = movement.reduce_in_domain(probs.float(), s2d, self.topo, self.group,
+                                                      column_block=self.experts)
+            combined_probs = movement.return_to_source(
+                partial_probs, layout.rdma_to_attn_map, tokens, num_tokens, self.topo,
+                self.group, concat_domains=True)
+        return combined.to(torch.bfloat16), combined_probs
+
+    # -- permute / unpermute (local to the rank) ---------------------------------------------
+    def permute(self, rows: torch.Tensor | None, probs: torch.Tensor | None,
+                scaling_factor: torch.Tensor | None, plan: layouts.PermuteLayout):
+        d2e = plan.dense_to_expert_map.to(torch.int64)
+        dense_rows, experts = torch.nonzero(d2e >= 0, as_tuple=True)
+        targets = d2e[dense_rows, experts]
+
+        def place(src: torch.Tensor) -> torch.Tensor:
+            out = torch.zeros(plan.num_permuted_tokens, *src.shape[1:], dtype=src.dtype,
+                              device=src.device)
+            if src.dtype.itemsize == 1 or src.dtype == torch.bfloat16:
+                # Move raw bytes: index_put is not defined for every FP8 dtype.
+                out.view(torch.uint8)[targets.to(src.device)] = (
+                    src.view(torch.uint8)[dense_rows.to(src.device)])
+            else:
+                out[targets.to(src.device)] = src[dense_rows.to(src.device)]
+            return out
+
+        out_rows = place(rows) if rows is not None else None
+        out_scales = place(scaling_factor) if scaling_factor is not None else None
+        out_probs = None
+        if probs is not None:
+            column = (self.topo.local_rank * self.experts + experts).to(probs.device)
+            out_probs = torch.zeros(plan.num_permuted_tokens, dtype=torch.float32,
+                                    device=probs.device)
+            out_probs[targets.to(probs.device)] = probs[dense_rows.to(probs.device), column]
+        return out_rows, out_probs, out_scales
+
+    def unpermute(self, hidden: torch.Tensor, probs: torch.Tensor | None,
+                  dense_to_expert_map: torch.Tensor, num_dispatched: int):
+        """[P, H] and [P] -> fp32 [D, H] (sum over local experts, ascending) and [D, E*R]."""
+        d2e = dense_to_expert_map[:num_dispatched].to(torch.int64).to(hidden.device)
+        dense = torch.zeros(num_dispatched, hidden.shape[1], dtype=torch.float32,
+                            device=hidden.device)
+        for expert in range(self.experts):
+            rows = d2e[:, expert]
+            valid = rows >= 0
+            dense[valid] += hidden[rows[valid]].float()
+        dense_probs = None
+        if probs is not None:
+            width = self.experts * self.topo.ranks_per_domain
+            dense_probs = torch.zeros(num_dispatched, width, dtype=torch.float32,
+                                      device=probs.device)
+            for expert in range(self.experts):
+                rows = d2e[:, expert]
+                valid = rows >= 0
+                column = self.topo.local_rank * self.experts + expert
+                dense_probs[valid, column] = probs[rows[valid]].float()
+        return dense, dense_probs

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Set up this checkout on a fresh machine, or bring an existing setup up to date:
+#   bash tools/setup.sh          install hybrid-ep
+#   bash tools/setup.sh --test   install hybrid-ep with its test dependencies
+# Uses whatever `python` is first on PATH (override with PYTHON=...). Safe to re-run: the
+# CMake build directory (build/<wheel tag>) persists, so a re-run recompiles only changes.
+# Build options travel as environment variables, e.g. HYBRID_EP_TRANSPORT=p2p CUDAARCHS=90a.
+set -euo pipefail
+
+extras=""
+for arg in "$@"; do
+  case "$arg" in
+    --test) extras="[test]" ;;
+    -h | --help)
+      sed -n '2,7p' "$0"
+      exit 0
+      ;;
+    *)
+      echo "setup.sh: unknown argument '$arg' (use --test or --help)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+py="${PYTHON:-python}"
+
+run() {
+  echo "+ $*"
+  "$@"
+}
+
+echo "== hybrid-ep setup: $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+
+# 1. torch. An installed torch, CUDA build or not, is never touched. Otherwise install the
+# CPU build: this pin resolves to a local CPU wheel on our CI image, while an unpinned
+# `torch` would pull a multi-GB CUDA build. (Elsewhere, add
+# --index-url https://download.pytorch.org/whl/cpu to get a CPU build.)
+if torch_version=$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+  echo "== torch $torch_version is installed; leaving it alone"
+elif torch_version=$("$py" -c 'import importlib.metadata as m; print(m.version("torch"))' \
+  2>/dev/null); then
+  # Installed but broken (e.g. a CUDA build missing a library): replacing it could lose the
+  # user's CUDA build, so report it instead.
+  echo "== WARNING: torch $torch_version is installed but 'import torch' fails; leaving it alone"
+else
+  echo "== no torch: installing the CPU build"
+  run "$py" -m pip install "torch==2.13.0"
+fi
+
+# 2. Build requirements, installed into this environment so that the build below can run
+# without isolation: an isolated build gets a new temporary environment each time, whose
+# changed paths would make CMake rebuild everything. Keep in sync with [build-system] in
+# pyproject.toml.
+echo "== build requirements"
+run "$py" -m pip install "scikit-build-core>=0.10" "pybind11>=2.13"
+# cmake/ninja wheels only if the ones on PATH are missing or too old (scikit-build-core
+# decides, from the versions pyproject.toml asks for).
+tools=$("$py" -c \
+  'from scikit_build_core.build import get_requires_for_build_wheel as g; print(" ".join(g()))')
+if [ -n "$tools" ]; then
+  # shellcheck disable=SC2086  # requirement specifiers contain no spaces
+  run "$py" -m pip install $tools
+fi
+
+# 3. hybrid-ep itself. pip keeps an installed torch that satisfies torch>=2.4.
+echo "== hybrid-ep${extras}"
+run "$py" -m pip install --no-build-isolation ".${extras}"
+
+run "$py" -c 'import hybrid_ep._C as c; print("hybrid_ep._C:", c.build_info())'
+echo "== setup done"
