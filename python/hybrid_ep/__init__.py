@@ -29,4 +29,4 @@ def build_info() -> dict:
     return info
 
 
-__all__ = ["HybridEPBuffer", "HybridEPConfig", "ENV_VARS", "build_info", "__version__"]
+__all__ = ["ENV_VARS", "HybridEPBuffer", "HybridEPConfig", "__version__", "build_info"]

@@ -123,9 +123,10 @@ def _run_rank(rank: int, cfg: BenchConfig, device: str) -> list[Row]:
         everyone = oracle.gather_inputs(group, hidden=hidden, routing_map=routing_map,
                                         probs=probs)
         want = oracle.expected_dispatch(everyone, rank, cfg.experts_per_rank, per_domain)
-        args = dict(routing_map=routing_map.to(device), probs=probs.to(device))
+        args = {"routing_map": routing_map.to(device), "probs": probs.to(device)}
+        x = hidden.to(device)
         (out, out_probs, _, handle), t = _time(
-            lambda: buffer.dispatch(hidden.to(device), **args), device, group)
+            lambda x=x, args=args: buffer.dispatch(x, **args), device, group)
         _check("dispatched_token", out, want[0])
         _check("dispatched_probs", out_probs, want[1])
         record = step >= cfg.warmup
@@ -139,15 +140,17 @@ def _run_rank(rank: int, cfg: BenchConfig, device: str) -> list[Row]:
             everyone8 = oracle.gather_inputs(group, hidden=fp8, routing_map=routing_map,
                                              scaling_factor=scales)
             want8 = oracle.expected_dispatch(everyone8, rank, cfg.experts_per_rank, per_domain)
+            x8, s8 = fp8.to(device), scales.to(device)
             (out8, _, out_scales, _), t8 = _time(
-                lambda: buffer.dispatch(fp8.to(device), scaling_factor=scales.to(device),
-                                        handle=handle), device, group)
+                lambda x8=x8, s8=s8, h=handle: buffer.dispatch(x8, scaling_factor=s8, handle=h),
+                device, group)
             _check("dispatched_token (fp8)", out8, want8[0])
             _check("dispatched_scaling_factor", out_scales, want8[2])
             if record:
                 times["dispatch-fp8"].append(t8)
         (combined, combined_probs), tc = _time(
-            lambda: buffer.combine(out, probs=out_probs, handle=handle), device, group)
+            lambda o=out, p=out_probs, h=handle: buffer.combine(o, probs=p, handle=h), device,
+            group)
         _check("combined_token", combined,
                oracle.expected_combine_of_dispatch(hidden, routing_map, cfg.experts_per_rank))
         _check("combined_probs", combined_probs, probs)
@@ -199,11 +202,12 @@ def format_table(cfg: BenchConfig, device: str, rows: list[Row]) -> str:
     env = environment()
     engine = "reference (gloo)" if device == "cpu" else "cuda"
     lines = [
-        f"hybrid-ep bench — {env['date']}, commit {env['commit']}, {env['host']}, GPU "
-        f"{env['gpu']}, torch {env['torch']}",
-        f"config: {cfg.ranks} ranks as {cfg.nodes} domain(s) x {cfg.ranks // cfg.nodes}, "
-        f"hidden {cfg.hidden}, {cfg.tokens} tokens/rank, {cfg.experts_per_rank} experts/rank, "
-        f"top-{cfg.topk}, {cfg.iters} timed iterations (+{cfg.warmup} warm-up), engine {engine}",
+        (f"hybrid-ep bench — {env['date']}, commit {env['commit']}, {env['host']}, GPU "
+         f"{env['gpu']}, torch {env['torch']}"),
+        (f"config: {cfg.ranks} ranks as {cfg.nodes} domain(s) x {cfg.ranks // cfg.nodes}, "
+         f"hidden {cfg.hidden}, {cfg.tokens} tokens/rank, {cfg.experts_per_rank} experts/rank, "
+         f"top-{cfg.topk}, {cfg.iters} timed iterations (+{cfg.warmup} warm-up), engine "
+         f"{engine}"),
         "",
         "| op | engine | rows/rank | API time (ms, median) | algbw/rank (GB/s) | verified |",
         "|---|---|---|---|---|---|",

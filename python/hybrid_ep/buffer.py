@@ -16,11 +16,16 @@ import torch.distributed as dist
 from . import handle as handles
 from . import validation as v
 from .config import CONFIG_FIELDS, EnvSettings, HybridEPConfig
-from .engines import select_engine
+from .engines import NeedsGrowth, select_engine
 from .reference import layout as layouts
 from .reference.engine import ReferenceEngine
-from .topology import Topology, check_ranks_per_domain, detect_ranks_per_domain, gather_objects
-from .topology import local_facts
+from .topology import (
+    Topology,
+    check_ranks_per_domain,
+    detect_ranks_per_domain,
+    gather_objects,
+    local_facts,
+)
 
 _BUFFER_IDS = itertools.count(1)
 
@@ -125,6 +130,7 @@ class HybridEPBuffer:
             num_channels=env.num_channels,
         )
         self._reference = ReferenceEngine(group, self.topology, experts)
+        self._cuda_engine = None
 
     # -- attributes of the original class ------------------------------------------------------
     @property
@@ -155,7 +161,19 @@ class HybridEPBuffer:
 
     # -- shared steps ----------------------------------------------------------------------------
     def _engine(self, hidden: torch.Tensor):
-        return select_engine(self._env.engine, hidden.device, self._reference)
+        return select_engine(self._env.engine, hidden.device, self._reference, self._cuda)
+
+    def _cuda(self):
+        """The CUDA engine, created by the first CUDA call (collective) and rebuilt when the
+        template outgrew it."""
+        if self._cuda_engine is None:
+            from .cuda_engine import CudaEngine
+
+            self._cuda_engine = CudaEngine(self.group, self.topology, self.config, self._env,
+                                           self.use_mnnvl)
+        elif not self._cuda_engine.matches(self.config):
+            self._cuda_engine.grow(self.config)
+        return self._cuda_engine
 
     def _check_rows(self, name: str, rows: int, *, non_blocking: bool):
         if non_blocking and rows > self.config.max_num_of_tokens_per_rank:
@@ -163,6 +181,14 @@ class HybridEPBuffer:
                              f"{self.config.max_num_of_tokens_per_rank} per rank; a non-blocking "
                              "call cannot grow the buffer (raise max_num_of_tokens_per_rank, or "
                              "call once in blocking mode)")
+
+    def _grow_tokens(self, engine, needed: int) -> None:
+        warnings.warn(f"HybridEPBuffer: growing max_num_of_tokens_per_rank from "
+                      f"{self.config.max_num_of_tokens_per_rank} to {needed} (collective, slow); "
+                      "size the buffer for the largest batch to avoid this", RuntimeWarning,
+                      stacklevel=5)
+        self.config = self.config.replace(max_num_of_tokens_per_rank=needed)
+        engine.grow(self.config)
 
     def _preprocess(self, engine, routing_map: torch.Tensor, *, non_blocking: bool):
         """Gather the routing and build the layout; blocking calls agree on the token maximum
@@ -174,11 +200,7 @@ class HybridEPBuffer:
             if needed <= tokens:
                 return layout, routing, tokens
             # Every rank saw the same gathered counts, so every rank grows here together.
-            warnings.warn(f"HybridEPBuffer: growing max_num_of_tokens_per_rank from {tokens} to "
-                          f"{needed} (collective, slow); size the buffer for the largest batch "
-                          "to avoid this", RuntimeWarning, stacklevel=4)
-            self.config = self.config.replace(max_num_of_tokens_per_rank=needed)
-            engine.grow(self.config)
+            self._grow_tokens(engine, needed)
 
     def _input_rows(self, hidden, *, allow_fp8: bool, use_fp8=None):
         is_fp8 = v.check_hidden(hidden, allow_fp8=allow_fp8)
@@ -197,16 +219,24 @@ class HybridEPBuffer:
                                  f"{made.num_tokens} tokens on this rank")
             layout = handles.layout_from_handle(handle)
             tokens = handle[5] if not permute else handle[8]
-            routing = None
-        else:
+            rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens)
+            return rows, layout, tokens, made, None
+        while True:
             layout, routing, tokens = self._preprocess(engine, routing_map.contiguous(),
                                                        non_blocking=non_blocking)
-            made = None
-        rows = engine.dispatch(hidden.contiguous(),
+            try:
+                rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens)
+            except NeedsGrowth as growth:  # found by the CUDA engine after its launches
+                self._grow_tokens(engine, growth.needed)
+                continue
+            return rows, layout, tokens, None, routing
+
+    @staticmethod
+    def _move_rows(engine, hidden, probs, scaling_factor, layout, tokens):
+        return engine.dispatch(hidden.contiguous(),
                                probs.contiguous() if probs is not None else None,
-                               scaling_factor.contiguous() if scaling_factor is not None else None,
-                               layout, tokens)
-        return rows, layout, tokens, made, routing
+                               scaling_factor.contiguous() if scaling_factor is not None
+                               else None, layout, tokens)
 
     @staticmethod
     def _check_dispatched_count(value, actual: int):
@@ -414,7 +444,6 @@ class HybridEPBuffer:
         kernels = self._env.cache_dir / "kernels"
         if kernels.is_dir():
             shutil.rmtree(kernels)
-        return None
 
 
 def _check_flag(name: str, value):

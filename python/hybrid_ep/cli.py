@@ -24,7 +24,7 @@ def _bench(args) -> int:
         raise SystemExit(f"--hidden {cfg.hidden} must be a multiple of 128 (FP8 scales)")
     try:
         device, rows = bench.run(cfg)
-    except Exception as error:  # a worker's failure arrives wrapped; show it and fail
+    except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
         print(f"hybrid-ep bench FAILED: {error}", file=sys.stderr)
         return 1
     print(bench.format_table(cfg, device, rows))

@@ -27,9 +27,12 @@ ENV_VARS = (
     EnvVar("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", "64", "tokens per dispatch chunk"),
     EnvVar("NUM_OF_TOKENS_PER_CHUNK_COMBINE_API", "64", "tokens per combine chunk"),
     EnvVar("NUM_OF_TOKENS_PER_CHUNK_PREPROCESSING_API", "64", "tokens per metadata chunk"),
-    EnvVar("NUM_OF_STAGES_DISPATCH_API", "8", "shared-memory ring stages of dispatch"),
-    EnvVar("NUM_OF_STAGES_G2S_COMBINE_API", "8", "load ring stages of combine"),
-    EnvVar("NUM_OF_STAGES_S2G_COMBINE_API", "2", "store ring stages of combine"),
+    EnvVar("NUM_OF_STAGES_DISPATCH_API", "12",
+           "shared-memory ring stages of dispatch (clamped to what shared memory holds)"),
+    EnvVar("NUM_OF_STAGES_G2S_COMBINE_API", "16",
+           "load ring stages of combine (at least ranks per domain; clamped to shared memory)"),
+    EnvVar("NUM_OF_STAGES_S2G_COMBINE_API", "2",
+           "store stages of combine (accepted; the combine kernel stores its rows directly)"),
     EnvVar("HYBRID_EP_CACHE_DIR", "~/.cache/hybrid_ep",
            "cache root; empty_jit_cache() empties its kernels/ folder"),
     EnvVar("HYBRID_EP_NUM_CHANNELS", "1", "independent network queues per peer (1-64)"),
@@ -38,6 +41,8 @@ ENV_VARS = (
     EnvVar("NIXL_ETCD_ENDPOINTS", "unset",
            "comma-separated http(s)://host:port list; set: NIXL metadata goes through etcd"),
     EnvVar("HYBRID_EP_NIC_MAPPING", "auto", "gpu:nic[:port],... NIC per GPU (doca build)"),
+    EnvVar("HYBRID_EP_TIMEOUT_S", "30",
+           "seconds a GPU wait for a peer may take before the call raises instead of hanging"),
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
@@ -66,6 +71,20 @@ def env_int(name: str, default: int | None, minimum: int = 1, maximum: int | Non
         upper = f" and <= {maximum}" if maximum is not None else ""
         raise ValueError(f"environment variable {name}={value!r}: expected an integer >= {minimum}"
                          f"{upper}")
+    return number
+
+
+def env_float(name: str, default: float) -> float:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"environment variable {name}={value!r}: expected a positive number of "
+                         "seconds")
     return number
 
 
@@ -170,6 +189,7 @@ class EnvSettings:
     etcd_endpoints: tuple[str, ...]
     nic_mapping: dict | None
     engine: str
+    timeout_s: float
     cache_dir: Path
 
     @staticmethod
@@ -181,14 +201,15 @@ class EnvSettings:
             tokens_per_chunk_combine=env_int("NUM_OF_TOKENS_PER_CHUNK_COMBINE_API", 64, 1, 4096),
             tokens_per_chunk_preprocessing=env_int(
                 "NUM_OF_TOKENS_PER_CHUNK_PREPROCESSING_API", 64, 1, 4096),
-            stages_dispatch=env_int("NUM_OF_STAGES_DISPATCH_API", 8, 1, 64),
-            stages_g2s_combine=env_int("NUM_OF_STAGES_G2S_COMBINE_API", 8, 1, 64),
+            stages_dispatch=env_int("NUM_OF_STAGES_DISPATCH_API", 12, 1, 64),
+            stages_g2s_combine=env_int("NUM_OF_STAGES_G2S_COMBINE_API", 16, 1, 64),
             stages_s2g_combine=env_int("NUM_OF_STAGES_S2G_COMBINE_API", 2, 1, 64),
             num_channels=num_channels_from_env(),
             run_id=run_id_from_env(),
             etcd_endpoints=parse_etcd_endpoints(_raw("NIXL_ETCD_ENDPOINTS")),
             nic_mapping=parse_nic_mapping(_raw("HYBRID_EP_NIC_MAPPING")),
             engine=env_choice("HYBRID_EP_ENGINE", "auto", ("auto", "reference", "cuda")),
+            timeout_s=env_float("HYBRID_EP_TIMEOUT_S", 30.0),
             cache_dir=cache_dir(),
         )
 

@@ -7,7 +7,18 @@ import torch
 from . import native
 
 
-def select_engine(mode: str, device: torch.device, reference):
+class NeedsGrowth(Exception):
+    """An engine found, after launching work, that some rank has more tokens than the buffer
+    holds; the buffer grows (collectively: every rank sees the same counts) and redoes the call.
+    """
+
+    def __init__(self, needed: int):
+        super().__init__(needed)
+        self.needed = needed
+
+
+def select_engine(mode: str, device: torch.device, reference, cuda_engine):
+    """``cuda_engine`` is a callable that creates (once) and returns the CUDA engine."""
     if mode == "reference":
         return reference
     if device.type == "cpu":
@@ -19,8 +30,7 @@ def select_engine(mode: str, device: torch.device, reference):
         if not native.cuda_engine_built():
             raise NotImplementedError(
                 "hidden: CUDA tensors need the CUDA engine, which this build of hybrid_ep does "
-                f"not contain yet ({native.describe_build()}); it arrives with the CUDA engine "
-                "release. Meanwhile HYBRID_EP_ENGINE=reference runs the pure-torch reference "
-                "engine on CUDA tensors (slow, for testing).")
-        raise NotImplementedError("hidden: the CUDA engine is not wired into HybridEPBuffer yet")
+                f"not contain ({native.describe_build()}); HYBRID_EP_ENGINE=reference runs the "
+                "pure-torch reference engine on CUDA tensors (slow, for testing).")
+        return cuda_engine()
     raise ValueError(f"hidden: on device {device}; expected a CPU or CUDA tensor")

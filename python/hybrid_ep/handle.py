@@ -78,13 +78,12 @@ def check_handle(handle, buffer_config: HybridEPConfig, *, permute: bool,
 
 
 def layout_from_handle(handle) -> DispatchLayout:
-    cpu = [h.cpu() if isinstance(h, torch.Tensor) else h for h in handle[:5]]
     config = handle_config(handle)
     return DispatchLayout(
-        sparse_to_dense_map=cpu[0],
-        rdma_to_attn_map=cpu[1],
-        attn_to_rdma_map=cpu[2],
-        num_dispatched_tokens_tensor=cpu[3],
-        local_expert_routing_map=cpu[4],
+        sparse_to_dense_map=handle[0],
+        rdma_to_attn_map=handle[1],
+        attn_to_rdma_map=handle[2],
+        num_dispatched_tokens_tensor=handle[3],
+        local_expert_routing_map=handle[4],
         num_dispatched_tokens=config.num_dispatched_tokens,
     )

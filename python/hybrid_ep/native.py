@@ -16,11 +16,11 @@ def load():
 
 
 def module():
-    loaded = load()
-    if isinstance(loaded, ImportError):
-        raise ImportError(f"hybrid_ep._C is not available ({loaded}); install the package with "
-                          "`pip install .` (or bash tools/setup.sh) to build it") from loaded
-    return loaded
+    try:
+        return importlib.import_module("hybrid_ep._C")
+    except ImportError as error:
+        raise ImportError(f"hybrid_ep._C is not available ({error}); install the package with "
+                          "`pip install .` (or bash tools/setup.sh) to build it") from error
 
 
 def cuda_engine_built() -> bool:

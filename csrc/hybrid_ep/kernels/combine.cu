@@ -154,8 +154,12 @@ size_t combine_smem_bytes(int row_bytes, int stages) {
 
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream) {
   const size_t smem = combine_smem_bytes(p.row_bytes, p.stages);
-  HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(
-      combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  static int configured = 0;  // the attribute is per function; raise it only when needed
+  if (int(smem) > configured) {
+    HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(
+        combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured = int(smem);
+  }
   combine_kernel<<<blocks, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }

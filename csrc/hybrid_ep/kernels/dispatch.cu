@@ -15,6 +15,9 @@ namespace hybrid_ep {
 namespace {
 
 constexpr int kStoreWarps = 2;
+// Each store warp holds one stage while it waits for its next item, so the ring needs two
+// stages per store warp to never starve the loader.
+constexpr int kMinStages = 2 * kStoreWarps;
 constexpr int kThreads = 32 * (1 + kStoreWarps);
 constexpr uint32_t kStoreBarrier = 1;  // named barrier of the store warps
 
@@ -126,9 +129,11 @@ __device__ void store_rows(const DispatchParams& p, const Ring& ring, int w, int
     pending_stage = -1;
     __threadfence_system();
     ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
-    if (w == 0 && lane < d.ranks) {
+    if (w == 0) {
       const size_t slot = sizeof(uint64_t) * (size_t(d.local_rank) * p.max_chunks + c);
-      signal_flag(reinterpret_cast<uint64_t*>(d.peer(lane) + p.dispatch_flags + slot));
+      for (int j = lane; j < d.ranks; j += 32) {
+        signal_flag(reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags + slot));
+      }
     }
   }
 }
@@ -172,14 +177,20 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
 
 }  // namespace
 
+int dispatch_min_stages() { return kMinStages; }
+
 size_t dispatch_smem_bytes(int row_bytes, int stages) {
   return size_t((row_bytes + 127) / 128 * 128) * stages + 2 * sizeof(uint64_t) * stages;
 }
 
 void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream) {
   const size_t smem = dispatch_smem_bytes(p.row_bytes, p.stages);
-  HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(
-      dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  static int configured = 0;  // the attribute is per function; raise it only when needed
+  if (int(smem) > configured) {
+    HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(
+        dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured = int(smem);
+  }
   dispatch_kernel<<<blocks, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }

@@ -98,6 +98,9 @@ struct CombineParams {
   float* out_probs; // [num_tokens, E_total] or null
 };
 
+// Shared-memory needs of the ring kernels, for the runtime's stage clamping.
+int dispatch_min_stages();
+
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, int blocks, cudaStream_t stream);

@@ -103,7 +103,7 @@ DomainView Runtime::domain() const {
 }
 
 int Runtime::dispatch_stages(int row_bytes) const {
-  return ring_stages(config_.stages_dispatch, 2, row_bytes, smem_limit_);
+  return ring_stages(config_.stages_dispatch, dispatch_min_stages(), row_bytes, smem_limit_);
 }
 
 int Runtime::combine_stages(int row_bytes) const {

@@ -3,5 +3,10 @@
 from .engine import ReferenceEngine
 from .layout import DispatchLayout, PermuteLayout, dispatch_layout, permute_layout
 
-__all__ = ["ReferenceEngine", "DispatchLayout", "PermuteLayout", "dispatch_layout",
-           "permute_layout"]
+__all__ = [
+           "DispatchLayout",
+           "PermuteLayout",
+           "ReferenceEngine",
+           "dispatch_layout",
+           "permute_layout",
+]

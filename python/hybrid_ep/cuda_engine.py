@@ -1,0 +1,202 @@
+"""The CUDA engine: HybridEPBuffer's calls on CUDA tensors, run by the compiled core.
+
+Python allocates every output with torch and hands raw pointers and the current stream to
+``hybrid_ep._C.Runtime``; the core never sees torch. Created on the first CUDA call (a
+collective: every rank makes the same calls), it registers one buffer per rank and maps the
+buffers of its NVLink domain through handles exchanged over the process group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import native
+from .config import EnvSettings, HybridEPConfig
+from .engines import NeedsGrowth
+from .reference.layout import DispatchLayout, ceil_div
+from .topology import Topology, gather_objects
+
+_WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag"}
+
+
+class HybridEPTimeoutError(RuntimeError):
+    """A GPU wait for a peer gave up: a peer died, hung, or called a different operation."""
+
+
+class CudaEngine:
+    name = "cuda"
+
+    def __init__(self, group, topo: Topology, config: HybridEPConfig, env: EnvSettings,
+                 use_mnnvl: bool):
+        if topo.num_of_nodes > 1:
+            raise NotImplementedError(
+                f"the CUDA engine runs inside one NVLink domain so far; this group has "
+                f"{topo.num_of_nodes} domains of {topo.ranks_per_domain} ranks (multi-domain "
+                "dispatch arrives with the transport backends). HYBRID_EP_ENGINE=reference runs "
+                "the reference engine on CUDA tensors meanwhile.")
+        if topo.group_size > 64:
+            raise ValueError(f"group: {topo.group_size} ranks; the CUDA engine supports at most "
+                             "64 per group")
+        self.group = group
+        self.topo = topo
+        self.env = env
+        self.use_mnnvl = use_mnnvl
+        self.experts = config.num_local_experts
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self._fresh_layout = False
+        self._summary_ready = torch.cuda.Event()
+        self._connect(config)
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def _connect(self, config: HybridEPConfig) -> None:
+        C = native.module()
+        rc = C.RuntimeConfig()
+        rc.world = self.topo.group_size
+        rc.ranks = self.topo.ranks_per_domain
+        rc.nodes = self.topo.num_of_nodes
+        rc.node_rank = self.topo.node_rank
+        rc.local_rank = self.topo.local_rank
+        rc.experts_per_rank = config.num_local_experts
+        rc.max_tokens = config.max_num_of_tokens_per_rank
+        rc.hidden = config.hidden_dim
+        rc.dispatch_chunk = config.num_of_tokens_per_chunk_dispatch_api
+        rc.combine_chunk = config.num_of_tokens_per_chunk_combine_api
+        rc.stages_dispatch = config.num_of_stages_dispatch_api
+        rc.stages_combine = config.num_of_stages_g2s_combine_api
+        rc.sms_dispatch = config.num_sms_dispatch_api
+        rc.sms_combine = config.num_sms_combine_api
+        rc.sms_preprocessing = config.num_sms_preprocessing_api
+        rc.timeout_s = self.env.timeout_s
+        rc.fabric = self.use_mnnvl
+        self.config = config
+        self.experts = config.num_local_experts
+        self.runtime = C.Runtime(rc)
+        handles = gather_objects(self.runtime.export_handle(), self.group)
+        first = self.topo.node_rank * self.topo.ranks_per_domain
+        self.runtime.open_peers(handles[first:first + self.topo.ranks_per_domain])
+
+    def grow(self, config: HybridEPConfig) -> None:
+        """Collective: every rank replaces its registered buffer with a larger one."""
+        torch.cuda.synchronize(self.device)
+        self.runtime = None
+        self._connect(config)
+
+    def matches(self, config: HybridEPConfig) -> bool:
+        c = self.config
+        return (c.max_num_of_tokens_per_rank >= config.max_num_of_tokens_per_rank
+                and c.hidden_dim >= config.hidden_dim
+                and c.num_local_experts == config.num_local_experts)
+
+    # -- checks ----------------------------------------------------------------------------------
+    def check_status(self) -> None:
+        status = self.runtime.status()
+        if status["code"] != 0:
+            site = _WAIT_SITES.get(status["site"], f"site {status['site']}")
+            raise HybridEPTimeoutError(
+                f"rank {self.topo.rank}: GPU wait at the {site} for local rank {status['peer']} "
+                f"(slot {status['slot']}) timed out after {self.env.timeout_s:g} s: expected "
+                f"{status['expected']}, saw {status['seen']}. A peer died, hangs, or called a "
+                "different operation; this buffer cannot be used any more "
+                "(HYBRID_EP_TIMEOUT_S sets the limit)")
+
+    def _row_bytes(self, hidden: torch.Tensor) -> int:
+        row_bytes = hidden.shape[1] * hidden.element_size()
+        if row_bytes > 2 * self.config.hidden_dim:
+            raise ValueError(f"hidden: rows of {hidden.shape[1]} x {hidden.dtype} exceed the "
+                             f"buffer's hidden_dim={self.config.hidden_dim}; call "
+                             "update_template_config(hidden_dim=...) on every rank first")
+        return row_bytes
+
+    @staticmethod
+    def _stream() -> int:
+        return torch.cuda.current_stream().cuda_stream
+
+    # -- preprocessing ---------------------------------------------------------------------------
+    def preprocess(self, routing_map: torch.Tensor, tokens: int, blocking: bool = True):
+        if not blocking:
+            raise NotImplementedError("non-blocking calls on CUDA tensors arrive with the permute "
+                                      "issue of the CUDA engine")
+        self.check_status()
+        assert tokens == self.config.max_num_of_tokens_per_rank, (tokens, self.config)
+        topo, T, E = self.topo, tokens, self.experts
+        dev = self.device
+        s2d = torch.empty(topo.num_of_nodes * T, topo.ranks_per_domain, dtype=torch.int32,
+                          device=dev)
+        r2a = torch.zeros(ceil_div(T, 16) * 16, topo.num_of_nodes, dtype=torch.bool, device=dev)
+        a2r = torch.zeros(T, topo.num_of_nodes - 1, dtype=torch.bool, device=dev)
+        ndt = torch.empty(1, dtype=torch.int32, device=dev)
+        lerm = torch.zeros(T * topo.group_size, E, dtype=torch.bool, device=dev)
+        rmap = routing_map.contiguous()
+        self.runtime.preprocess(rmap.data_ptr(), rmap.shape[0], s2d.data_ptr(), r2a.data_ptr(),
+                                a2r.data_ptr(), ndt.data_ptr(), lerm.data_ptr(), self._stream())
+        # The dispatched count and the token maximum are read after the dispatch kernel is
+        # launched (see dispatch), so the host wait overlaps the data movement.
+        self._summary_ready.record()
+        self._fresh_layout = True
+        layout = DispatchLayout(s2d, r2a, a2r, ndt, lerm, None)
+        return layout, None, tokens
+
+    def _read_summary(self, layout: DispatchLayout) -> None:
+        """Blocking mode's one host synchronisation: the output size, and whether some rank had
+        more tokens than the buffer holds (then the launched work used truncated but consistent
+        layouts, and the caller grows and redoes the call)."""
+        self._summary_ready.synchronize()
+        self.check_status()
+        dispatched, needed = self.runtime.summary()
+        if needed > self.config.max_num_of_tokens_per_rank:
+            raise NeedsGrowth(int(needed))
+        layout.num_dispatched_tokens = int(dispatched)
+
+    # -- dispatch / combine ----------------------------------------------------------------------
+    def dispatch(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int):
+        self.check_status()
+        row_bytes = self._row_bytes(hidden)
+        if hidden.data_ptr() % 16 != 0:  # TMA copies need 16-byte aligned rows
+            hidden = hidden.clone()
+        scale_cols = scaling_factor.shape[1] if scaling_factor is not None else 0
+        stream = self._stream()
+        self.runtime.dispatch(hidden.data_ptr(), _ptr(probs), _ptr(scaling_factor),
+                              layout.sparse_to_dense_map.data_ptr(), hidden.shape[0], row_bytes,
+                              scale_cols, not self._fresh_layout, stream)
+        if self._fresh_layout:
+            self._read_summary(layout)
+        self._fresh_layout = False
+        rows = layout.num_dispatched_tokens
+        out = torch.empty(rows, hidden.shape[1], dtype=hidden.dtype, device=self.device)
+        out_probs = None
+        if probs is not None:
+            out_probs = torch.empty(rows, self.experts * self.topo.ranks_per_domain,
+                                    dtype=torch.float32, device=self.device)
+        out_scales = None
+        if scaling_factor is not None:
+            out_scales = torch.empty(rows, scale_cols, dtype=torch.float32, device=self.device)
+        self.runtime.copy_dispatched(out.data_ptr(), _ptr(out_probs), _ptr(out_scales), rows,
+                                     row_bytes, scale_cols, stream)
+        return out, out_probs, out_scales
+
+    def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
+        self.check_status()
+        if hidden.dtype != torch.bfloat16:
+            raise NotImplementedError("the CUDA combine takes BF16 rows (fp32 unpermuted rows "
+                                      "arrive with the permute issue)")
+        self._row_bytes(hidden)
+        self._fresh_layout = False
+        out = torch.empty(num_tokens, hidden.shape[1], dtype=torch.bfloat16, device=self.device)
+        out_probs = None
+        if probs is not None:
+            out_probs = torch.empty(num_tokens, self.experts * self.topo.group_size,
+                                    dtype=torch.float32, device=self.device)
+        self.runtime.combine(hidden.data_ptr(), _ptr(probs), hidden.shape[0], hidden.shape[1],
+                             layout.sparse_to_dense_map.data_ptr(), num_tokens, out.data_ptr(),
+                             _ptr(out_probs), self._stream())
+        return out, out_probs
+
+    def permute(self, *args, **kwargs):
+        raise NotImplementedError("dispatch_with_permute on CUDA tensors arrives with the "
+                                  "permute issue; HYBRID_EP_ENGINE=reference runs it meanwhile")
+
+    unpermute = permute
+
+
+def _ptr(tensor) -> int:
+    return 0 if tensor is None else tensor.data_ptr()
