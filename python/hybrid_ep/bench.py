@@ -176,8 +176,9 @@ def run(cfg: BenchConfig) -> tuple[str, list[Row]]:
         raise ValueError(f"--nodes {cfg.nodes} must divide --ranks {cfg.ranks}")
     device = pick_device(cfg.device)
     if device == "cuda":
-        raise NotImplementedError("the CUDA engine is not part of this build yet; "
-                                  "use --device cpu")
+        raise NotImplementedError("run(): the reference engine on the CPU only; the CUDA "
+                                  "engine is benchmarked by hybrid_ep.bench_gpu "
+                                  "(hybrid-ep bench --device cuda)")
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
     mp.start_processes(_worker, args=(cfg, free_port(), device, results), nprocs=cfg.ranks,

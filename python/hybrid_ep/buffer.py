@@ -214,6 +214,7 @@ class HybridEPBuffer:
         """Preprocess (or reuse the handle), then move rows. Returns rows, layout, call config."""
         if handle is not None:
             made = handles.check_handle(handle, self.config, permute=permute, caller=caller)
+            _check_handle_device(handle, hidden)
             if hidden.shape[0] != made.num_tokens:
                 raise ValueError(f"hidden: {hidden.shape[0]} rows, but the handle was made for "
                                  f"{made.num_tokens} tokens on this rank")
@@ -279,6 +280,8 @@ class HybridEPBuffer:
         if handle is None:
             raise ValueError("handle: required; pass the handle returned by dispatch")
         made = handles.check_handle(handle, self.config, permute=False, caller="combine")
+        if isinstance(hidden, torch.Tensor):
+            _check_handle_device(handle, hidden)
         self._check_combine_input(hidden, probs, made.num_dispatched_tokens,
                                   probs_shape=(made.num_dispatched_tokens,
                                                self.config.num_local_experts
@@ -307,6 +310,7 @@ class HybridEPBuffer:
                               num_dispatched_tokens=None, use_host_meta=None):
         is_fp8 = self._input_rows(hidden, allow_fp8=True, use_fp8=use_fp8)
         engine = self._engine(hidden)
+        _require_permute(engine)
         if num_of_experts_per_rank is not None:
             per_rank = v.require_int("num_of_experts_per_rank", num_of_experts_per_rank,
                                      minimum=1)
@@ -385,6 +389,8 @@ class HybridEPBuffer:
                              "dispatch_with_permute")
         made = handles.check_handle(handle, self.config, permute=True,
                                     caller="combine_with_unpermute")
+        if isinstance(hidden, torch.Tensor):
+            _check_handle_device(handle, hidden)
         _check_flag("fuse_unpermute_combine", fuse_unpermute_combine)
         _check_same("pad_multiple", v.normalize_pad_multiple(pad_multiple), made.pad_multiple)
         _check_same("fuse_unpermute_combine", fuse_unpermute_combine, made.fuse_permute_dispatch,
@@ -393,6 +399,7 @@ class HybridEPBuffer:
         self._check_combine_input(hidden, probs, made.num_permuted_tokens,
                                   probs_shape=(made.num_permuted_tokens,))
         engine = self._engine(hidden)
+        _require_permute(engine)
         layout = handles.layout_from_handle(handle)
         dense, dense_probs = engine.unpermute(hidden.contiguous(),
                                               probs.contiguous() if probs is not None else None,
@@ -439,11 +446,37 @@ class HybridEPBuffer:
         self.config = self.config.replace(**changes)
         return self.config
 
+    def destroy(self) -> None:
+        """Collective release of the GPU buffers: every rank waits for its GPU work, then for
+        the other ranks, so no peer still reads this rank's memory when it is freed. Dropping
+        the last reference without it frees this rank's memory at garbage collection, which is
+        safe only when no peer can still be in an operation."""
+        if self._cuda_engine is not None:
+            torch.cuda.synchronize(self._cuda_engine.device)
+            dist.barrier(group=self.group)
+            self._cuda_engine.close()
+            self._cuda_engine = None
+
     def empty_jit_cache(self):
         """Empties ``$HYBRID_EP_CACHE_DIR/kernels`` (only that folder: the root may be shared)."""
         kernels = self._env.cache_dir / "kernels"
         if kernels.is_dir():
             shutil.rmtree(kernels)
+
+
+def _require_permute(engine) -> None:
+    if not getattr(engine, "supports_permute", True):
+        raise NotImplementedError(
+            "hidden: the permuted variants on CUDA tensors are not part of this build yet (they "
+            "arrive with the CUDA permute kernels); HYBRID_EP_ENGINE=reference runs them on the "
+            "reference engine meanwhile")
+
+
+def _check_handle_device(handle, hidden: torch.Tensor) -> None:
+    device = handle[0].device
+    if device != hidden.device:
+        raise ValueError(f"handle: its tensors live on {device}, hidden on {hidden.device}; a "
+                         "handle works only with tensors on the device of the call that made it")
 
 
 def _check_flag(name: str, value):

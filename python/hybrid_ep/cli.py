@@ -6,10 +6,20 @@ import argparse
 import json
 import sys
 
+# Defaults of the CPU bench (the reference engine over gloo); --device cuda has its own
+# (hybrid_ep.bench_gpu.GpuBenchConfig).
+_CPU_DEFAULTS = {"ranks": 4, "hidden": 2048, "tokens": 512, "experts_per_rank": 4, "topk": 4,
+                 "iters": 5, "warmup": 1}
+
 
 def _bench(args) -> int:
     from . import bench
 
+    if bench.pick_device(args.device) == "cuda":
+        return _bench_gpu(args)
+    for name, value in _CPU_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     cfg = bench.BenchConfig(ranks=args.ranks, nodes=args.nodes, hidden=args.hidden,
                             tokens=args.tokens, experts_per_rank=args.experts_per_rank,
                             topk=args.topk, iters=args.iters, warmup=args.warmup,
@@ -34,6 +44,48 @@ def _bench(args) -> int:
     return 0
 
 
+def _bench_gpu(args) -> int:
+    from . import bench_gpu
+
+    base = bench_gpu.GpuBenchConfig()
+    regimes = ("hbm", "sm") if args.regime == "all" else (args.regime,)
+    given = {name: getattr(args, name) for name in ("hidden", "tokens", "experts_per_rank",
+                                                     "topk", "iters", "warmup")
+             if getattr(args, name) is not None}
+    cfg = bench_gpu.GpuBenchConfig(
+        regimes=regimes,
+        hbm_ranks=args.ranks if args.ranks is not None else base.hbm_ranks,
+        hbm_sms=args.sms if args.sms is not None else base.hbm_sms,
+        sm_ranks=(args.ranks,) if args.ranks is not None else base.sm_ranks,
+        sm_sms=args.sms if args.sms is not None else base.sm_sms,
+        fp8=not args.no_fp8, seed=args.seed, label=args.label or "",
+        out_dir=args.out_dir if args.out_dir is not None else "hybrid-ep-bench", **given)
+    for name in ("hidden", "tokens", "experts_per_rank", "topk", "iters"):
+        if getattr(cfg, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
+    if cfg.warmup < 1:
+        raise SystemExit("--warmup must be >= 1 with --device cuda (the first warm-up call is "
+                         "the one verified)")
+    ranks = [cfg.hbm_ranks] if "hbm" in regimes else []
+    ranks += list(cfg.sm_ranks) if "sm" in regimes else []
+    if min(ranks) < 1 or min(cfg.hbm_sms, cfg.sm_sms) < 1:
+        raise SystemExit("--ranks and --sms must be >= 1")
+    if cfg.topk > cfg.experts_per_rank * min(ranks):
+        raise SystemExit(f"--topk {cfg.topk} exceeds the {cfg.experts_per_rank * min(ranks)} "
+                         "experts in total")
+    if cfg.hidden % 128 != 0:
+        raise SystemExit(f"--hidden {cfg.hidden} must be a multiple of 128 (FP8 scales)")
+    if args.nodes != 1:
+        raise SystemExit("--nodes: the CUDA engine runs one NVLink domain so far (--nodes 1)")
+    try:
+        bench_gpu.run(cfg, json_path=args.json)
+    except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
+        print(f"hybrid-ep bench FAILED: {error}", file=sys.stderr)
+        return 1
+    print(f"hybrid-ep bench: tables and raw numbers written to {cfg.out_dir}/")
+    return 0
+
+
 def _info(_args) -> int:
     from . import ENV_VARS, __version__, native
 
@@ -55,19 +107,33 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hybrid-ep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="run dispatch/combine over local ranks, verify and time them")
-    b.add_argument("--ranks", type=int, default=4, help="local ranks to spawn (default 4)")
+    b.add_argument("--ranks", type=int, default=None,
+                   help="local ranks to spawn (cpu: default 4; cuda: overrides the regime's, "
+                        "hbm 8, sm 1 and 2)")
     b.add_argument("--nodes", type=int, default=1, help="NVLink domains the ranks split into")
-    b.add_argument("--hidden", type=int, default=2048)
-    b.add_argument("--tokens", type=int, default=512, help="tokens per rank")
-    b.add_argument("--experts-per-rank", type=int, default=4)
-    b.add_argument("--topk", type=int, default=4)
-    b.add_argument("--iters", type=int, default=5, help="timed iterations")
-    b.add_argument("--warmup", type=int, default=1)
+    b.add_argument("--hidden", type=int, default=None, help="cpu: default 2048; cuda: 7168")
+    b.add_argument("--tokens", type=int, default=None,
+                   help="tokens per rank (cpu: default 512; cuda: 4096)")
+    b.add_argument("--experts-per-rank", type=int, default=None, help="cpu: default 4; cuda: 8")
+    b.add_argument("--topk", type=int, default=None, help="cpu: default 4; cuda: 8")
+    b.add_argument("--iters", type=int, default=None,
+                   help="timed iterations (cpu: default 5; cuda: 20)")
+    b.add_argument("--warmup", type=int, default=None, help="cpu: default 1; cuda: 3")
     b.add_argument("--no-fp8", action="store_true", help="skip the FP8 dispatch")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the CUDA engine on a GPU build, else the reference on the CPU")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", help="also write the results to this JSON file")
+    g = b.add_argument_group("cuda", "options of --device cuda (hybrid_ep.bench_gpu)")
+    g.add_argument("--regime", choices=("hbm", "sm", "all"), default="all",
+                   help="hbm: 8 ranks on one GPU x 16 SMs vs the HBM roofline; sm: 1 and 2 "
+                        "ranks x 8 SMs vs the per-SM TMA copy ceiling; all: both (default)")
+    g.add_argument("--sms", type=int, default=None,
+                   help="SMs per rank for dispatch and combine (default: hbm 16, sm 8)")
+    g.add_argument("--out-dir", default=None,
+                   help="folder for bench-<regime>[-<label>].md and bench[-<label>].json "
+                        "(default hybrid-ep-bench)")
+    g.add_argument("--label", default=None, help="tag for the tables and file names")
     b.set_defaults(func=_bench)
     i = sub.add_parser("info", help="build info and environment variables")
     i.set_defaults(func=_info)

@@ -25,6 +25,7 @@ class HybridEPTimeoutError(RuntimeError):
 
 class CudaEngine:
     name = "cuda"
+    supports_permute = False
 
     def __init__(self, group, topo: Topology, config: HybridEPConfig, env: EnvSettings,
                  use_mnnvl: bool):
@@ -81,11 +82,24 @@ class CudaEngine:
         self.runtime = None
         self._connect(config)
 
+    # Config fields the registered layout or the launches depend on (capacity fields aside).
+    _LAUNCH_FIELDS = ("num_local_experts", "num_sms_dispatch_api", "num_sms_combine_api",
+                      "num_sms_preprocessing_api", "num_of_tokens_per_chunk_dispatch_api",
+                      "num_of_tokens_per_chunk_combine_api", "num_of_stages_dispatch_api",
+                      "num_of_stages_g2s_combine_api")
+
     def matches(self, config: HybridEPConfig) -> bool:
+        """False when the buffer must be rebuilt for ``config`` (more capacity, other launch
+        parameters); the caller rebuilds at the next CUDA call, on every rank alike."""
         c = self.config
         return (c.max_num_of_tokens_per_rank >= config.max_num_of_tokens_per_rank
                 and c.hidden_dim >= config.hidden_dim
-                and c.num_local_experts == config.num_local_experts)
+                and all(getattr(c, f) == getattr(config, f) for f in self._LAUNCH_FIELDS))
+
+    def close(self) -> None:
+        """Frees the registered buffer; peers must be done with it (see HybridEPBuffer.destroy)."""
+        torch.cuda.synchronize(self.device)
+        self.runtime = None
 
     # -- checks ----------------------------------------------------------------------------------
     def check_status(self) -> None:
@@ -107,6 +121,12 @@ class CudaEngine:
                              "update_template_config(hidden_dim=...) on every rank first")
         return row_bytes
 
+    def _check_device(self, tensor: torch.Tensor) -> None:
+        if tensor.device != self.device:
+            raise ValueError(f"hidden: on {tensor.device}, but this buffer's CUDA engine lives on "
+                             f"{self.device}; set torch.cuda.set_device before building the "
+                             "buffer and keep every call's tensors there")
+
     @staticmethod
     def _stream() -> int:
         return torch.cuda.current_stream().cuda_stream
@@ -117,7 +137,10 @@ class CudaEngine:
             raise NotImplementedError("non-blocking calls on CUDA tensors arrive with the permute "
                                       "issue of the CUDA engine")
         self.check_status()
-        assert tokens == self.config.max_num_of_tokens_per_rank, (tokens, self.config)
+        if tokens != self.config.max_num_of_tokens_per_rank:
+            raise RuntimeError(f"internal: preprocess for {tokens} tokens on a buffer of "
+                               f"{self.config.max_num_of_tokens_per_rank}")
+        self._check_device(routing_map)
         topo, T, E = self.topo, tokens, self.experts
         dev = self.device
         s2d = torch.empty(topo.num_of_nodes * T, topo.ranks_per_domain, dtype=torch.int32,
@@ -150,6 +173,7 @@ class CudaEngine:
     # -- dispatch / combine ----------------------------------------------------------------------
     def dispatch(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int):
         self.check_status()
+        self._check_device(hidden)
         row_bytes = self._row_bytes(hidden)
         if hidden.data_ptr() % 16 != 0:  # TMA copies need 16-byte aligned rows
             hidden = hidden.clone()
@@ -176,6 +200,7 @@ class CudaEngine:
 
     def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
         self.check_status()
+        self._check_device(hidden)
         if hidden.dtype != torch.bfloat16:
             raise NotImplementedError("the CUDA combine takes BF16 rows (fp32 unpermuted rows "
                                       "arrive with the permute issue)")

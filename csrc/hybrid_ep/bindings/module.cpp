@@ -2,6 +2,7 @@
 // lives in csrc/hybrid_ep/runtime and below.
 #include <pybind11/pybind11.h>
 
+#include "hybrid_ep/bindings/bench.h"
 #include "hybrid_ep/bindings/runtime.h"
 #include "hybrid_ep/runtime/build_info.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -38,4 +39,5 @@ PYBIND11_MODULE(_C, m) {
         "Number of visible CUDA devices; 0 without a driver or GPU.");
 
   hybrid_ep::register_runtime(m);
+  hybrid_ep::register_bench(m);
 }

@@ -10,6 +10,7 @@ namespace {
 
 __global__ void allgather_kernel(AllgatherParams p) {
   const DomainView& d = p.domain;
+  if (d.aborted()) return;
   const int peer = blockIdx.x;
   const int my_rank = d.node_rank * d.ranks + d.local_rank;
   const size_t row_bytes = p.experts_total;
@@ -38,7 +39,7 @@ __global__ void allgather_kernel(AllgatherParams p) {
                                             sizeof(uint64_t) * d.local_rank));
     const size_t mine = p.allgather_flags + sizeof(uint64_t) * peer;
     wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine),
-              d.timeout_ns, d.status, WaitSite::kAllgather, peer, 0);
+              d.timeout_ns, d.status, d.abort, WaitSite::kAllgather, peer, 0);
   }
 }
 

@@ -10,12 +10,12 @@ namespace {
 __global__ void domain_barrier_kernel(BarrierParams p) {
   const DomainView& d = p.domain;
   const int peer = threadIdx.x;
-  if (peer >= d.ranks) return;
+  if (peer >= d.ranks || d.aborted()) return;
   const size_t slot = sizeof(uint64_t) * d.local_rank;
   signal_flag(reinterpret_cast<uint64_t*>(d.peer(peer) + p.barrier_flags + slot));
   const size_t mine = p.barrier_flags + sizeof(uint64_t) * peer;
   wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine),
-            d.timeout_ns, d.status, WaitSite::kBarrier, peer, 0);
+            d.timeout_ns, d.status, d.abort, WaitSite::kBarrier, peer, 0);
 }
 
 }  // namespace

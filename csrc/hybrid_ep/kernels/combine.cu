@@ -128,6 +128,8 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int thre
 }
 
 __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
+  // After a failed wait (e.g. the barrier before this kernel) peers' rows are not staged.
+  if (p.domain.aborted()) return;
   extern __shared__ __align__(128) uint8_t smem[];
   const Ring ring = carve_ring(smem, p);
   const int warp = threadIdx.x / 32;

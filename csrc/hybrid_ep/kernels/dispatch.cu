@@ -147,13 +147,15 @@ __device__ void wait_incoming(const DispatchParams& p) {
     const int c = blockIdx.x + (k / d.ranks) * gridDim.x;
     const size_t slot = p.dispatch_flags + sizeof(uint64_t) * (size_t(source) * p.max_chunks + c);
     if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot),
-                   d.timeout_ns, d.status, WaitSite::kDispatchChunk, source, c)) {
+                   d.timeout_ns, d.status, d.abort, WaitSite::kDispatchChunk, source, c)) {
       return;
     }
   }
 }
 
 __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p) {
+  // After a failed wait the buffer is unusable: do nothing rather than touch peers.
+  if (p.domain.aborted()) return;
   extern __shared__ __align__(128) uint8_t smem[];
   const Ring ring = carve_ring(smem, p);
   const int warp = threadIdx.x / 32;

@@ -15,6 +15,7 @@ constexpr int kItemsPerThread = 8;
 constexpr int kTile = kScanThreads * kItemsPerThread;
 
 __global__ void dest_mask_kernel(MetadataParams p) {
+  if (p.domain.aborted()) return;
   const int world = p.domain.world;
   const int experts = p.experts_per_rank;
   const int64_t tokens = int64_t(world) * p.max_tokens;
@@ -41,6 +42,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
   using Scan = cub::BlockScan<int, kScanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int running;  // rows assigned so far for the current destination
+  if (p.domain.aborted()) return;
 
   const DomainView& d = p.domain;
   const int T = p.max_tokens;

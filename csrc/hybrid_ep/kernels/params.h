@@ -22,7 +22,10 @@ struct DomainView {
   uint64_t* expected;     // this rank's consumer counters, mirrors the registered flag region
   size_t flags_begin;     // offset of the flag region (expected[i] <-> flag at begin + 8 i)
   DeviceStatus* status;   // host-mapped
+  uint32_t* abort;        // device memory: set by a failed wait; later kernels return at once
   uint64_t timeout_ns;
+
+  __device__ bool aborted() const { return *static_cast<volatile uint32_t*>(abort) != 0; }
 
   __host__ __device__ uint8_t* peer(int j) const { return peers[j]; }
   __host__ __device__ uint8_t* self() const { return peers[local_rank]; }

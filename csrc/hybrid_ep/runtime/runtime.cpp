@@ -53,6 +53,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   HYBRID_EP_CUDA_CHECK(cudaMemset(expected_, 0, counters));
   HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dest_masks_),
                                   sizeof(uint64_t) * shape_.max_rows()));
+  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&abort_), sizeof(uint32_t)));
+  HYBRID_EP_CUDA_CHECK(cudaMemset(abort_, 0, sizeof(uint32_t)));
   HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&status_), sizeof(DeviceStatus),
                                      cudaHostAllocMapped));
   *status_ = DeviceStatus{};
@@ -69,6 +71,7 @@ Runtime::~Runtime() {
   buffer_.reset();
   cudaFree(expected_);
   cudaFree(dest_masks_);
+  cudaFree(abort_);
   cudaFreeHost(status_);
   cudaFreeHost(host_summary_);
 }
@@ -98,6 +101,7 @@ DomainView Runtime::domain() const {
   HYBRID_EP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_status),
                                                 status_, 0));
   d.status = device_status;
+  d.abort = abort_;
   d.timeout_ns = uint64_t(config_.timeout_s * 1e9);
   return d;
 }

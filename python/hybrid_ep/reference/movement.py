@@ -23,7 +23,8 @@ def forward_to_domain(rows: torch.Tensor, rdma_to_attn: torch.Tensor, tokens: in
     peers = [topo.peer(n) for n in range(topo.num_of_nodes)]
     tiles = gathered[peers].clone()  # [N, T, X...]
     received = rdma_to_attn[:tokens].transpose(0, 1).to(tiles.device)  # [N, T]
-    tiles[~received] = 0
+    # Zero through a byte view: masked writes are not defined for every FP8 dtype.
+    tiles.view(torch.uint8)[~received] = 0
     return tiles.reshape(topo.num_of_nodes * tokens, *rows.shape[1:])
 
 
@@ -37,7 +38,8 @@ def scatter_in_domain(tiles: torch.Tensor, sparse_to_dense: torch.Tensor, num_ro
     for forwarder in range(first, first + topo.ranks_per_domain):
         rows_here = all_maps[forwarder][:, topo.local_rank].to(torch.int64)
         valid = rows_here >= 0
-        out[rows_here[valid].to(out.device)] = all_tiles[forwarder][valid.to(out.device)]
+        out.view(torch.uint8)[rows_here[valid].to(out.device)] = (
+            all_tiles[forwarder].view(torch.uint8)[valid.to(out.device)])
     return out
 
 
@@ -49,9 +51,11 @@ def reduce_in_domain(rows: torch.Tensor, sparse_to_dense: torch.Tensor, topo: To
     contributes its own columns j*block:(j+1)*block (probabilities); otherwise whole rows add up.
     """
     max_rows = int(_max_over_group(rows.shape[0], group))
-    gathered = all_gather_rows(rows, max_rows, group)  # [W, D_max, X]
     partial = torch.zeros(sparse_to_dense.shape[0], rows.shape[1], dtype=torch.float32,
                           device=rows.device)
+    if max_rows == 0:  # nobody received anything: every partial sum is zero
+        return partial
+    gathered = all_gather_rows(rows, max_rows, group)  # [W, D_max, X]
     first = topo.node_rank * topo.ranks_per_domain
     for j in range(topo.ranks_per_domain):
         src_rows = sparse_to_dense[:, j].to(torch.int64).to(rows.device)

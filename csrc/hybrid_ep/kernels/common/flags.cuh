@@ -18,8 +18,10 @@ __device__ __forceinline__ void signal_flag(uint64_t* flag) {
   ptx::add_release_sys(flag, 1);
 }
 
-__device__ __forceinline__ void report_timeout(DeviceStatus* status, WaitSite site, int peer,
-                                               int slot, uint64_t expected, uint64_t seen) {
+__device__ __forceinline__ void report_timeout(DeviceStatus* status, uint32_t* abort,
+                                               WaitSite site, int peer, int slot,
+                                               uint64_t expected, uint64_t seen) {
+  atomicExch(abort, 1u);
   if (atomicCAS(&status->code, 0, static_cast<int32_t>(StatusCode::kTimeout)) == 0) {
     status->site = static_cast<int32_t>(site);
     status->peer = peer;
@@ -31,10 +33,11 @@ __device__ __forceinline__ void report_timeout(DeviceStatus* status, WaitSite si
 }
 
 // Waits until *flag >= ++(*expected). Returns false (after reporting) on timeout, or at once
-// when another wait of this operation already failed.
+// when another wait already failed (the abort word lives in device memory: cheap to poll,
+// unlike the host-mapped status).
 __device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t* expected,
                                           uint64_t timeout_ns, DeviceStatus* status,
-                                          WaitSite site, int peer, int slot) {
+                                          uint32_t* abort, WaitSite site, int peer, int slot) {
   const uint64_t target = *expected + 1;
   *expected = target;
   uint64_t seen = ptx::load_acquire_sys(flag);
@@ -43,9 +46,9 @@ __device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t* expect
   while (true) {
     seen = ptx::load_acquire_sys(flag);
     if (seen >= target) return true;
-    if (*static_cast<volatile int32_t*>(&status->code) != 0) return false;
+    if (*static_cast<volatile uint32_t*>(abort) != 0) return false;
     if (ptx::global_timer_ns() - start > timeout_ns) {
-      report_timeout(status, site, peer, slot, target, seen);
+      report_timeout(status, abort, site, peer, slot, target, seen);
       return false;
     }
     __nanosleep(64);

@@ -1,0 +1,49 @@
+// Python face of the benchmark's own kernels. Pointers and streams arrive as integers
+// (tensor.data_ptr(), torch.cuda.current_stream().cuda_stream).
+#include "hybrid_ep/bindings/bench.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "hybrid_ep/kernels/copy_ceiling.h"
+
+namespace py = pybind11;
+
+namespace hybrid_ep {
+
+void register_bench(py::module_& m) {
+  m.def(
+      "copy_ceiling",
+      [](uintptr_t src, uintptr_t dst, int64_t rows, int row_bytes, int k, bool fan_in,
+         int blocks, int stages, uintptr_t stream, int in_flight, int store_lanes,
+         int release_every) {
+        CopyCeilingParams p{};
+        p.src = reinterpret_cast<const uint8_t*>(src);
+        p.dst = reinterpret_cast<uint8_t*>(dst);
+        p.rows = rows;
+        p.row_bytes = row_bytes;
+        p.k = k;
+        p.fan_in = fan_in;
+        p.store_lanes = store_lanes;
+        p.release_every = release_every;
+        // The ring: what was asked for, at most what shared memory holds; the in-flight store
+        // groups: at most what that ring leaves room for (launch_copy_ceiling rejects the rest).
+        const int per_lane = std::max(1, (fan_in ? k : 1) * std::max(1, store_lanes));
+        p.stages = std::min(stages, copy_ceiling_max_stages(row_bytes));
+        p.in_flight = std::clamp(std::min(in_flight, p.stages / per_lane - release_every), 0, 7);
+        launch_copy_ceiling(p, blocks, reinterpret_cast<cudaStream_t>(stream));
+        return py::make_tuple(p.stages, p.in_flight);
+      },
+      py::arg("src"), py::arg("dst"), py::arg("rows"), py::arg("row_bytes"), py::arg("k"),
+      py::arg("fan_in"), py::arg("blocks"), py::arg("stages"), py::arg("stream"),
+      py::arg("in_flight") = 2, py::arg("store_lanes") = 1, py::arg("release_every") = 1,
+      "Launches the TMA copy-ceiling kernel (kernels/copy_ceiling.h) on `stream` and returns "
+      "(stages, in_flight) as used: stages clamped to shared memory, in_flight to what the ring "
+      "leaves room for. fan_in=False: src [rows, row_bytes] -> dst [k * rows, row_bytes], each "
+      "row stored k times; fan_in=True: src [k * rows, row_bytes] -> dst [rows, row_bytes], k "
+      "rows loaded per row stored. store_lanes (1-4) threads issue the stores, each waiting for "
+      "its stores' shared-memory reads every release_every groups. Asynchronous; time it with "
+      "CUDA events.");
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,54 @@
+"""Test-side helpers of the GPU suite: specs (see gpu_cases) and the report of a case."""
+
+from __future__ import annotations
+
+from _params import seed
+from cases.inputs import token_counts
+
+
+def make_spec(W: int, *, H: int, dtype: str = "bf16", form: str = "topk", k: int = 2,
+              routing: str = "uniform", probs: bool = True, E: int = 4, tokens="ragged",
+              max_tok: int = 128, max_tokens: str = "equal", reuse: bool = False,
+              strided: bool = False, tag: str = "") -> dict:
+    """``tokens``: a list per rank, or a pattern of cases.inputs.token_counts (``ragged``: one
+    rank has none, one has ``max_tok``). ``max_tokens``: ``equal`` (every rank passes the
+    largest count) or ``own`` (each rank passes its own count; the buffer agrees on the
+    maximum)."""
+    s = seed("gpu", W, H, dtype, form, k, routing, probs, E, tokens, max_tok, tag)
+    counts = list(tokens) if isinstance(tokens, (list, tuple)) else \
+        token_counts(W, tokens, s, maximum=max_tok)
+    assert len(counts) == W, counts
+    if max_tokens == "equal":
+        maxima = [max(max(counts), 1)] * W
+    elif max_tokens == "own":
+        maxima = [max(c, 1) for c in counts]
+    else:
+        raise ValueError(max_tokens)
+    return dict(seed=s, W=W, E=E, H=H, dtype=dtype, form=form, k=k, routing=routing,
+                with_probs=probs, tokens=counts, max_tokens=maxima, reuse=reuse,
+                strided=strided)
+
+
+def spec_id(case: dict) -> str:
+    """A readable test id of make_spec's keyword arguments."""
+    parts = [f"h{case['H']}", case.get("dtype", "bf16"),
+             f"{case.get('form', 'topk')}{case.get('k', 2)}", case.get("routing", "uniform"),
+             "probs" if case.get("probs", True) else "noprobs", f"E{case.get('E', 4)}"]
+    parts += [flag for flag in ("reuse", "strided") if case.get(flag)]
+    return "-".join(parts)
+
+
+def report(record_property, results: list, label: str = "") -> dict:
+    """Sum the per-rank combine tallies into the junit properties (and stdout)."""
+    combines = sum(r.get("combines", 0) for r in results)
+    bitwise = sum(r.get("combine_bitwise", 0) for r in results)
+    diff = max((r.get("max_abs_diff", 0.0) for r in results), default=0.0)
+    dispatches = sum(r.get("dispatches", 0) for r in results)
+    record_property("dispatches_checked", dispatches)
+    record_property("combines_checked", combines)
+    record_property("combines_bitwise", bitwise)
+    record_property("combine_max_abs_diff", diff)
+    record_property("combine_all_bitwise", bitwise == combines)
+    print(f"{label} dispatches checked {dispatches}; combines bitwise {bitwise}/{combines} "
+          f"(max |diff| {diff:g})")
+    return dict(combines=combines, bitwise=bitwise, max_abs_diff=diff, dispatches=dispatches)
