@@ -18,9 +18,13 @@ if(NOT DEFINED CMAKE_CXX_COMPILER AND NOT DEFINED CMAKE_TOOLCHAIN_FILE
   set(CMAKE_CXX_COMPILER "/usr/bin/g++" CACHE FILEPATH "C++ compiler")
 endif()
 
-# nvcc otherwise compiles the host side of .cu files with whatever g++ comes first on PATH;
-# mixing two compilers' objects could again require a newer libstdc++ than the system's.
-if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX}
-   AND DEFINED CMAKE_CXX_COMPILER)
+# nvcc otherwise compiles the host side of .cu files with $CUDAHOSTCXX or whatever g++ comes
+# first on PATH; mixing two compilers' objects pulled the private GCC's runtime into the link
+# on the GPU image (its CUDAHOSTCXX points there). Only -DCMAKE_CUDA_HOST_COMPILER overrides.
+if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER AND DEFINED CMAKE_CXX_COMPILER)
+  if(DEFINED ENV{CUDAHOSTCXX} AND NOT "$ENV{CUDAHOSTCXX}" STREQUAL "${CMAKE_CXX_COMPILER}")
+    message(STATUS "hybrid-ep: nvcc host compiler ${CMAKE_CXX_COMPILER}, not "
+                   "CUDAHOSTCXX=$ENV{CUDAHOSTCXX} (pass -DCMAKE_CUDA_HOST_COMPILER=... to override)")
+  endif()
   set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}" CACHE FILEPATH "CUDA host compiler")
 endif()

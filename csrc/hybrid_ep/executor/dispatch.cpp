@@ -23,7 +23,10 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.scale_cols = call.scale_cols;
   p.chunk = c.dispatch_chunk;
   p.max_chunks = int(s.max_chunks());
-  p.stages = runtime.dispatch_stages(call.row_bytes);
+  p.side_by_tma = dispatch_side_data_by_tma(p);
+  p.stages = runtime.dispatch_stages(
+      dispatch_stage_bytes(call.row_bytes, p.side_by_tma && p.probs ? p.prob_cols * 4 : 0,
+                           p.side_by_tma && p.scales ? p.scale_cols * 4 : 0));
   p.dispatch_rows = l.dispatch_rows;
   p.dispatch_probs = l.dispatch_probs;
   p.dispatch_scales = l.dispatch_scales;

@@ -6,6 +6,7 @@
 // Runs after a domain barrier that guarantees every peer's combine buffer is filled.
 #include <cuda_bf16.h>
 
+#include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -21,6 +22,7 @@ struct Ring {
   uint8_t* rows;
   uint64_t* full;
   uint64_t* empty;
+  ChunkRoutes loader_routes, reduce_routes;
   int stages;
   int stride;
   __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
@@ -33,20 +35,26 @@ __device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p
   ring.rows = smem;
   ring.full = reinterpret_cast<uint64_t*>(smem + size_t(ring.stride) * p.stages);
   ring.empty = ring.full + p.stages;
+  int32_t* routes = reinterpret_cast<int32_t*>(ring.empty + p.stages);
+  ring.loader_routes = ChunkRoutes{routes, p.domain.ranks};
+  ring.reduce_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
   return ring;
 }
 
-__device__ __forceinline__ const int32_t* source_rows(const CombineParams& p, int t) {
-  return p.sparse_to_dense_map + int64_t(t) * p.domain.ranks;
-}
-
-// Loader warp, one lane: one stage per copy, in ascending local rank.
-__device__ void load_copies(const CombineParams& p, const Ring& ring) {
+// Loader warp: the warp stages the chunk's routes, lane 0 issues one stage per copy, in
+// ascending local rank.
+__device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) {
   uint32_t item = 0;
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
   for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
-    for (int t = c * p.chunk; t < min((c + 1) * p.chunk, p.num_tokens); ++t) {
-      const int32_t* rows = source_rows(p, t);
+    const int first = c * p.chunk;
+    const int last = min(first + p.chunk, p.num_tokens);
+    __syncwarp();  // lane 0 is done with the previous chunk's routes
+    ring.loader_routes.load(p.sparse_to_dense_map, first, last, lane, 32);
+    __syncwarp();
+    if (lane != 0) continue;
+    for (int t = first; t < last; ++t) {
+      const int32_t* rows = ring.loader_routes.token(t - first);
       for (int j = 0; j < p.domain.ranks; ++j) {
         if (rows[j] < 0) continue;
         const int stage = item % ring.stages;
@@ -87,10 +95,13 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int thre
   uint32_t item = 0;
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
   for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
-    for (int t = c * p.chunk; t < min((c + 1) * p.chunk, p.num_tokens); ++t) {
-      const int32_t* rows = source_rows(p, t);
-      int copies = 0;
-      for (int j = 0; j < p.domain.ranks; ++j) copies += rows[j] >= 0;
+    const int first = c * p.chunk;
+    const int last = min(first + p.chunk, p.num_tokens);
+    ring.reduce_routes.load(p.sparse_to_dense_map, first, last, thread, kReduceThreads);
+    ptx::named_barrier(kReduceBarrier, kReduceThreads);
+    for (int t = first; t < last; ++t) {
+      const int32_t* rows = ring.reduce_routes.token(t - first);
+      const int copies = ring.reduce_routes.copies(t - first);
       for (int k = 0; k < copies; ++k) {
         const uint32_t it = item + k;
         ptx::mbar_wait(&ring.full[it % ring.stages], (it / ring.stages) & 1);
@@ -142,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   }
   __syncthreads();
   if (warp == 0) {
-    if (threadIdx.x == 0) load_copies(p, ring);
+    load_copies(p, ring, threadIdx.x);
   } else {
     reduce_copies(p, ring, threadIdx.x - 32);
   }
@@ -150,12 +161,13 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
 
 }  // namespace
 
-size_t combine_smem_bytes(int row_bytes, int stages) {
-  return size_t((row_bytes + 127) / 128 * 128) * stages + 2 * sizeof(uint64_t) * stages;
+size_t combine_smem_bytes(int row_bytes, int stages, int chunk, int ranks) {
+  return size_t((row_bytes + 127) / 128 * 128) * stages + 2 * sizeof(uint64_t) * stages +
+         2 * sizeof(int32_t) * chunk * ranks;
 }
 
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream) {
-  const size_t smem = combine_smem_bytes(p.row_bytes, p.stages);
+  const size_t smem = combine_smem_bytes(p.row_bytes, p.stages, p.chunk, p.domain.ranks);
   static int configured = 0;  // the attribute is per function; raise it only when needed
   if (int(smem) > configured) {
     HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(

@@ -1,11 +1,14 @@
 // Dispatch (one NVLink domain): persistent, one CTA per SM, warp-specialised.
-//   loader warp  : TMA-loads each token row that leaves this rank into a shared-memory ring
-//                  (full/empty mbarriers per stage);
-//   store warps  : write each row with one TMA bulk store per destination rank straight into
-//                  that rank's registered buffer, plus its probs and FP8 scales;
-//   after a chunk: one monotonic flag per (source, chunk) in every destination, also for chunks
-//                  with nothing for it; finally each block waits for the chunks it receives.
+//   loader warp  : stages the chunk's routes, then one lane TMA-loads each row that leaves
+//                  this rank (with its probs and FP8 scales when they are 16-byte aligned)
+//                  into a shared-memory ring guarded by full/empty mbarriers;
+//   store warps  : one TMA bulk store per destination rank (row, probs, scales) straight into
+//                  that rank's registered buffer;
+//   after a chunk: one monotonic flag per (source, chunk) in every destination, also for
+//                  chunks with nothing for it; finally each block waits for the chunks it
+//                  receives.
 // Chunk c belongs to block c % gridDim.x on every rank.
+#include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/params.h"
@@ -14,69 +17,115 @@
 namespace hybrid_ep {
 namespace {
 
-constexpr int kStoreWarps = 2;
+constexpr int kStoreWarps = 4;
+constexpr int kThreads = 32 * (1 + kStoreWarps);
+constexpr uint32_t kStoreBarrier = 1;  // named barrier of the store warps
 // Each store warp holds one stage while it waits for its next item, so the ring needs two
 // stages per store warp to never starve the loader.
 constexpr int kMinStages = 2 * kStoreWarps;
-constexpr int kThreads = 32 * (1 + kStoreWarps);
-constexpr uint32_t kStoreBarrier = 1;  // named barrier of the store warps
 
-struct Ring {
-  uint8_t* rows;
-  uint64_t* full;
-  uint64_t* empty;
-  int stages;
-  int stride;
-  __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
+__host__ __device__ constexpr int align_up(int v, int a) { return (v + a - 1) / a * a; }
+
+// What one ring stage holds, and where.
+struct StageLayout {
+  int row_bytes, prob_bytes, scale_bytes;  // side bytes are 0 when not carried by TMA
+  int prob_at, scale_at, stride;
+
+  __host__ __device__ static StageLayout make(int row_bytes, int prob_bytes, int scale_bytes) {
+    StageLayout s{};
+    s.row_bytes = row_bytes;
+    s.prob_bytes = prob_bytes;
+    s.scale_bytes = scale_bytes;
+    s.prob_at = align_up(s.row_bytes, 16);
+    s.scale_at = s.prob_at + align_up(s.prob_bytes, 16);
+    s.stride = align_up(s.scale_at + s.scale_bytes, 128);
+    return s;
+  }
+  __host__ __device__ static StageLayout make(const DispatchParams& p) {
+    return make(p.row_bytes, p.side_by_tma && p.probs != nullptr ? p.prob_cols * 4 : 0,
+                p.side_by_tma && p.scales != nullptr ? p.scale_cols * 4 : 0);
+  }
+  __host__ __device__ int bytes() const { return row_bytes + prob_bytes + scale_bytes; }
 };
 
-__device__ __forceinline__ Ring carve_ring(uint8_t* smem, const DispatchParams& p) {
-  Ring ring;
-  ring.stages = p.stages;
-  ring.stride = (p.row_bytes + 127) / 128 * 128;
-  ring.rows = smem;
-  ring.full = reinterpret_cast<uint64_t*>(smem + size_t(ring.stride) * p.stages);
-  ring.empty = ring.full + p.stages;
-  return ring;
+struct Smem {
+  uint8_t* stages;
+  uint64_t* full;
+  uint64_t* empty;
+  ChunkRoutes loader_routes, store_routes;
+  StageLayout layout;
+  int count;
+  __device__ uint8_t* stage(int s) const { return stages + size_t(s) * layout.stride; }
+
+  __host__ __device__ static size_t bytes(const DispatchParams& p) {
+    const StageLayout l = StageLayout::make(p);
+    return size_t(l.stride) * p.stages + 2 * sizeof(uint64_t) * p.stages +
+           2 * sizeof(int32_t) * p.chunk * p.domain.ranks;
+  }
+};
+
+__device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
+  Smem s;
+  s.layout = StageLayout::make(p);
+  s.count = p.stages;
+  s.stages = base;
+  s.full = reinterpret_cast<uint64_t*>(base + size_t(s.layout.stride) * p.stages);
+  s.empty = s.full + p.stages;
+  int32_t* routes = reinterpret_cast<int32_t*>(s.empty + p.stages);
+  s.loader_routes = ChunkRoutes{routes, p.domain.ranks};
+  s.store_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
+  return s;
 }
 
-__device__ __forceinline__ const int32_t* dest_rows(const DispatchParams& p, int t) {
-  return p.sparse_to_dense_map + int64_t(t) * p.domain.ranks;
-}
-
-__device__ __forceinline__ bool leaves_rank(const DispatchParams& p, int t) {
-  const int32_t* rows = dest_rows(p, t);
-  for (int j = 0; j < p.domain.ranks; ++j) {
+__device__ __forceinline__ bool any_destination(const int32_t* rows, int ranks) {
+  for (int j = 0; j < ranks; ++j) {
     if (rows[j] >= 0) return true;
   }
   return false;
 }
 
-__device__ __forceinline__ int chunk_end(const DispatchParams& p, int c) {
-  return min((c + 1) * p.chunk, min(p.num_tokens, p.max_tokens));
+struct ChunkRange {
+  int first, last;
+};
+
+__device__ __forceinline__ ChunkRange chunk_range(const DispatchParams& p, int c) {
+  const int tokens = min(p.num_tokens, p.max_tokens);
+  return {min(c * p.chunk, tokens), min((c + 1) * p.chunk, tokens)};
 }
 
-// Loader warp, one lane: the ring producer.
-__device__ void load_rows(const DispatchParams& p, const Ring& ring) {
+// Loader warp: the ring producer (lane 0 issues, the warp stages the routes).
+__device__ void load_rows(const DispatchParams& p, const Smem& s, int lane) {
   uint32_t item = 0;
   for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
-    for (int t = c * p.chunk; t < chunk_end(p, c); ++t) {
-      if (!leaves_rank(p, t)) continue;
-      const int stage = item % ring.stages;
-      ptx::mbar_wait(&ring.empty[stage], ((item / ring.stages) & 1) ^ 1);
-      ptx::mbar_arrive_expect_tx(&ring.full[stage], p.row_bytes);
-      ptx::bulk_load(ring.row(stage), p.hidden + int64_t(t) * p.row_bytes, p.row_bytes,
-                     &ring.full[stage]);
+    const ChunkRange r = chunk_range(p, c);
+    __syncwarp();  // lane 0 is done with the previous chunk's routes
+    s.loader_routes.load(p.sparse_to_dense_map, r.first, r.last, lane, 32);
+    __syncwarp();
+    if (lane != 0) continue;
+    for (int t = r.first; t < r.last; ++t) {
+      if (!any_destination(s.loader_routes.token(t - r.first), p.domain.ranks)) continue;
+      const int stage = item % s.count;
+      ptx::mbar_wait(&s.empty[stage], ((item / s.count) & 1) ^ 1);
+      ptx::mbar_arrive_expect_tx(&s.full[stage], s.layout.bytes());
+      uint8_t* dst = s.stage(stage);
+      ptx::bulk_load(dst, p.hidden + int64_t(t) * p.row_bytes, p.row_bytes, &s.full[stage]);
+      if (s.layout.prob_bytes) {
+        ptx::bulk_load(dst + s.layout.prob_at,
+                       p.probs + int64_t(t) * p.experts_total + p.prob_col_offset,
+                       s.layout.prob_bytes, &s.full[stage]);
+      }
+      if (s.layout.scale_bytes) {
+        ptx::bulk_load(dst + s.layout.scale_at, p.scales + int64_t(t) * p.scale_cols,
+                       s.layout.scale_bytes, &s.full[stage]);
+      }
       ++item;
     }
   }
 }
 
-// Probs (one domain's columns) and scales of token t to destination row `row` of rank j: small
-// and not 16-byte aligned in general, so the warp's lanes copy them with plain stores.
-__device__ __forceinline__ void store_side_data(const DispatchParams& p, int t, int j, int row,
-                                                int lane) {
-  uint8_t* peer = p.domain.peer(j);
+// Probs and scales that are not 16-byte aligned: the warp's lanes copy them with plain stores.
+__device__ __forceinline__ void store_side_data_by_lanes(const DispatchParams& p, int t,
+                                                         uint8_t* peer, int row, int lane) {
   if (p.probs != nullptr) {
     const float* src = p.probs + int64_t(t) * p.experts_total + p.prob_col_offset;
     float* dst = reinterpret_cast<float*>(peer + p.dispatch_probs) + int64_t(row) * p.prob_cols;
@@ -89,44 +138,57 @@ __device__ __forceinline__ void store_side_data(const DispatchParams& p, int t, 
   }
 }
 
+// Lane 0 of a store warp: the bulk stores of one ring item to destination `peer`.
+__device__ __forceinline__ void store_item(const DispatchParams& p, const Smem& s,
+                                           const uint8_t* stage, uint8_t* peer, int row) {
+  ptx::bulk_store(peer + p.dispatch_rows + int64_t(row) * p.row_bytes, stage, p.row_bytes);
+  if (s.layout.prob_bytes) {
+    ptx::bulk_store(peer + p.dispatch_probs + int64_t(row) * s.layout.prob_bytes,
+                    stage + s.layout.prob_at, s.layout.prob_bytes);
+  }
+  if (s.layout.scale_bytes) {
+    ptx::bulk_store(peer + p.dispatch_scales + int64_t(row) * s.layout.scale_bytes,
+                    stage + s.layout.scale_at, s.layout.scale_bytes);
+  }
+}
+
 // Store warp `w`: consumes ring items w, w + kStoreWarps, ...; releases a stage once the bulk
 // stores that read it are done reading.
-__device__ void store_rows(const DispatchParams& p, const Ring& ring, int w, int lane) {
+__device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int lane) {
   const DomainView& d = p.domain;
+  const int thread = w * 32 + lane;
   uint32_t item = 0;
-  int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
   for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
-    for (int t = c * p.chunk; t < chunk_end(p, c); ++t) {
-      if (!leaves_rank(p, t)) continue;
+    const ChunkRange r = chunk_range(p, c);
+    s.store_routes.load(p.sparse_to_dense_map, r.first, r.last, thread, 32 * kStoreWarps);
+    ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
+    int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
+    for (int t = r.first; t < r.last; ++t) {
+      const int32_t* rows = s.store_routes.token(t - r.first);
+      if (!any_destination(rows, d.ranks)) continue;
       const uint32_t mine = item++;
       if (int(mine % kStoreWarps) != w) continue;
-      const int stage = mine % ring.stages;
-      ptx::mbar_wait(&ring.full[stage], (mine / ring.stages) & 1);
-      const int32_t* rows = dest_rows(p, t);
+      const int stage = mine % s.count;
+      ptx::mbar_wait(&s.full[stage], (mine / s.count) & 1);
       for (int j = 0; j < d.ranks; ++j) {
-        const int row = rows[j];
-        if (row < 0) continue;
-        if (lane == 0) {
-          ptx::bulk_store(d.peer(j) + p.dispatch_rows + int64_t(row) * p.row_bytes,
-                          ring.row(stage), p.row_bytes);
-        }
-        store_side_data(p, t, j, row, lane);
+        if (rows[j] < 0) continue;
+        if (lane == 0) store_item(p, s, s.stage(stage), d.peer(j), rows[j]);
+        if (!p.side_by_tma) store_side_data_by_lanes(p, t, d.peer(j), rows[j], lane);
       }
       if (lane == 0) {
         ptx::bulk_commit();
         ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
-        if (pending_stage >= 0) ptx::mbar_arrive(&ring.empty[pending_stage]);
+        if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
       }
       pending_stage = stage;
     }
-    // Chunk done: make every write of this block's store warps visible, then signal it to
-    // every rank of the domain (including those that got nothing from it).
+    // Chunk done: make every write of the store warps visible, then signal it to every rank
+    // of the domain (including those that got nothing from it).
     if (lane == 0) {
       ptx::bulk_wait<0>();
-      if (pending_stage >= 0) ptx::mbar_arrive(&ring.empty[pending_stage]);
+      if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
       ptx::fence_proxy_async_global();
     }
-    pending_stage = -1;
     __threadfence_system();
     ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
     if (w == 0) {
@@ -157,36 +219,51 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   // After a failed wait the buffer is unusable: do nothing rather than touch peers.
   if (p.domain.aborted()) return;
   extern __shared__ __align__(128) uint8_t smem[];
-  const Ring ring = carve_ring(smem, p);
+  const Smem s = carve(smem, p);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < ring.stages; ++s) {
-      ptx::mbar_init(&ring.full[s], 1);
-      ptx::mbar_init(&ring.empty[s], 1);
+    for (int i = 0; i < s.count; ++i) {
+      ptx::mbar_init(&s.full[i], 1);
+      ptx::mbar_init(&s.empty[i], 1);
     }
     ptx::fence_barrier_init();
   }
   __syncthreads();
   if (warp == 0) {
-    if (lane == 0) load_rows(p, ring);
+    load_rows(p, s, lane);
   } else {
-    store_rows(p, ring, warp - 1, lane);
+    store_rows(p, s, warp - 1, lane);
   }
   __syncthreads();
   wait_incoming(p);
+}
+
+bool aligned16(const void* ptr, int64_t stride_bytes) {
+  return (reinterpret_cast<uintptr_t>(ptr) % 16) == 0 && stride_bytes % 16 == 0;
 }
 
 }  // namespace
 
 int dispatch_min_stages() { return kMinStages; }
 
-size_t dispatch_smem_bytes(int row_bytes, int stages) {
-  return size_t((row_bytes + 127) / 128 * 128) * stages + 2 * sizeof(uint64_t) * stages;
+size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes) {
+  return StageLayout::make(row_bytes, prob_bytes, scale_bytes).stride + 2 * sizeof(uint64_t);
+}
+
+bool dispatch_side_data_by_tma(const DispatchParams& p) {
+  const bool probs_ok =
+      p.probs == nullptr ||
+      (aligned16(p.probs, int64_t(p.experts_total) * 4) && (p.prob_col_offset * 4) % 16 == 0 &&
+       (p.prob_cols * 4) % 16 == 0);
+  const bool scales_ok = p.scales == nullptr ||
+                         (aligned16(p.scales, int64_t(p.scale_cols) * 4) &&
+                          (p.scale_cols * 4) % 16 == 0);
+  return probs_ok && scales_ok;
 }
 
 void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream) {
-  const size_t smem = dispatch_smem_bytes(p.row_bytes, p.stages);
+  const size_t smem = Smem::bytes(p);
   static int configured = 0;  // the attribute is per function; raise it only when needed
   if (int(smem) > configured) {
     HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(

@@ -1,7 +1,7 @@
 // Metadata preprocessing: from the gathered routing, the handle's maps (docs/semantics.md).
-// Pass 1 (many blocks): one destination-rank bit mask per token. Pass 2 (one block): for each
-// destination rank of this domain, a block-wide exclusive scan over all tokens in source order
-// gives every token's row there.
+// Pass 1 (many blocks): one destination-rank bit mask per token. Pass 2 (one block per
+// destination rank of this domain, in parallel): a block-wide exclusive scan over all tokens
+// in source order gives every token's row there; one more block writes the domain-level maps.
 #include <cub/block/block_scan.cuh>
 
 #include "hybrid_ep/kernels/params.h"
@@ -20,14 +20,25 @@ __global__ void dest_mask_kernel(MetadataParams p) {
   const int experts = p.experts_per_rank;
   const int64_t tokens = int64_t(world) * p.max_tokens;
   const int64_t row_bytes = int64_t(experts) * world;
+  // Rows of a multiple of 16 bytes start 16-byte aligned (the region is): read them by words.
+  const bool by_words = row_bytes % 16 == 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < tokens;
        i += int64_t(gridDim.x) * blockDim.x) {
     const uint8_t* row = p.routing + i * row_bytes;
     uint64_t mask = 0;
-    for (int dest = 0; dest < world; ++dest) {
-      bool any = false;
-      for (int e = 0; e < experts; ++e) any |= row[dest * experts + e] != 0;
-      mask |= uint64_t(any) << dest;
+    if (by_words) {
+      for (int w = 0; w < row_bytes / 16; ++w) {
+        const uint4 word = reinterpret_cast<const uint4*>(row)[w];
+        const uint32_t parts[4] = {word.x, word.y, word.z, word.w};
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          if ((parts[k / 4] >> (8 * (k % 4))) & 0xff) mask |= 1ull << ((16 * w + k) / experts);
+        }
+      }
+    } else {
+      for (int b = 0; b < row_bytes; ++b) {
+        if (row[b]) mask |= 1ull << (b / experts);
+      }
     }
     p.dest_masks[i] = mask;
   }
@@ -38,66 +49,10 @@ __device__ __forceinline__ bool goes_to_node(uint64_t mask, int node, int ranks)
   return (mask & node_bits) != 0;
 }
 
-__global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
-  using Scan = cub::BlockScan<int, kScanThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int running;  // rows assigned so far for the current destination
-  if (p.domain.aborted()) return;
-
+// rdma_to_attn_map, attn_to_rdma_map and the largest token count: no scan needed.
+__device__ void write_domain_maps(const MetadataParams& p, int64_t tokens, int me) {
   const DomainView& d = p.domain;
   const int T = p.max_tokens;
-  const int64_t tokens = int64_t(d.world) * T;
-  const int me = d.node_rank * d.ranks + d.local_rank;
-  const int E = p.experts_per_rank;
-  const int64_t routing_cols = int64_t(E) * d.world;
-
-  for (int j = 0; j < d.ranks; ++j) {
-    const int dest = d.node_rank * d.ranks + j;
-    if (threadIdx.x == 0) running = 0;
-    __syncthreads();
-    for (int64_t tile = 0; tile < tokens; tile += kTile) {
-      uint64_t masks[kItemsPerThread];
-      int hits = 0;
-      const int64_t first = tile + int64_t(threadIdx.x) * kItemsPerThread;
-#pragma unroll
-      for (int k = 0; k < kItemsPerThread; ++k) {
-        masks[k] = first + k < tokens ? p.dest_masks[first + k] : 0;
-        hits += int((masks[k] >> dest) & 1);
-      }
-      int offset;
-      int tile_total;
-      Scan(scan_storage).ExclusiveSum(hits, offset, tile_total);
-      const int base = running;
-      int row = base + offset;
-#pragma unroll
-      for (int k = 0; k < kItemsPerThread; ++k) {
-        const int64_t i = first + k;
-        if (i >= tokens) break;
-        const bool hit = (masks[k] >> dest) & 1;
-        const int source = int(i / T);
-        const int t = int(i % T);
-        if (source % d.ranks == d.local_rank) {  // a peer whose tokens this rank forwards
-          const int64_t forwarded = int64_t(source / d.ranks) * T + t;
-          p.sparse_to_dense_map[forwarded * d.ranks + j] = hit ? row : -1;
-        }
-        if (hit && dest == me) {
-          const uint8_t* experts = p.routing + i * routing_cols + int64_t(me) * E;
-          bool* out = p.local_expert_routing_map + int64_t(row) * E;
-          for (int e = 0; e < E; ++e) out[e] = experts[e] != 0;
-        }
-        row += int(hit);
-      }
-      __syncthreads();  // everyone read `running` before it moves on
-      if (threadIdx.x == 0) running = base + tile_total;
-      __syncthreads();
-    }
-    if (dest == me && threadIdx.x == 0) {
-      p.num_dispatched_tokens[0] = running;
-      p.host_summary[0] = running;
-    }
-  }
-
-  // Domain-level maps need no scan.
   for (int64_t i = threadIdx.x; i < tokens; i += blockDim.x) {
     const int source = int(i / T);
     const int t = int(i % T);
@@ -121,12 +76,75 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
   }
 }
 
+// Block j < R: rows in local rank j of this domain. Block R: the domain-level maps.
+__global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
+  using Scan = cub::BlockScan<int, kScanThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int running;  // rows assigned so far
+  if (p.domain.aborted()) return;
+
+  const DomainView& d = p.domain;
+  const int T = p.max_tokens;
+  const int64_t tokens = int64_t(d.world) * T;
+  const int me = d.node_rank * d.ranks + d.local_rank;
+  if (blockIdx.x == d.ranks) {
+    write_domain_maps(p, tokens, me);
+    return;
+  }
+  const int j = blockIdx.x;
+  const int dest = d.node_rank * d.ranks + j;
+  const int E = p.experts_per_rank;
+  const int64_t routing_cols = int64_t(E) * d.world;
+  if (threadIdx.x == 0) running = 0;
+  __syncthreads();
+  for (int64_t tile = 0; tile < tokens; tile += kTile) {
+    uint64_t masks[kItemsPerThread];
+    int hits = 0;
+    const int64_t first = tile + int64_t(threadIdx.x) * kItemsPerThread;
+#pragma unroll
+    for (int k = 0; k < kItemsPerThread; ++k) {
+      masks[k] = first + k < tokens ? p.dest_masks[first + k] : 0;
+      hits += int((masks[k] >> dest) & 1);
+    }
+    int offset;
+    int tile_total;
+    Scan(scan_storage).ExclusiveSum(hits, offset, tile_total);
+    const int base = running;
+    int row = base + offset;
+#pragma unroll
+    for (int k = 0; k < kItemsPerThread; ++k) {
+      const int64_t i = first + k;
+      if (i >= tokens) break;
+      const bool hit = (masks[k] >> dest) & 1;
+      const int source = int(i / T);
+      const int t = int(i % T);
+      if (source % d.ranks == d.local_rank) {  // a peer whose tokens this rank forwards
+        const int64_t forwarded = int64_t(source / d.ranks) * T + t;
+        p.sparse_to_dense_map[forwarded * d.ranks + j] = hit ? row : -1;
+      }
+      if (hit && dest == me) {
+        const uint8_t* experts = p.routing + i * routing_cols + int64_t(me) * E;
+        bool* out = p.local_expert_routing_map + int64_t(row) * E;
+        for (int e = 0; e < E; ++e) out[e] = experts[e] != 0;
+      }
+      row += int(hit);
+    }
+    __syncthreads();  // everyone read `running` before it moves on
+    if (threadIdx.x == 0) running = base + tile_total;
+    __syncthreads();
+  }
+  if (dest == me && threadIdx.x == 0) {
+    p.num_dispatched_tokens[0] = running;
+    p.host_summary[0] = running;
+  }
+}
+
 }  // namespace
 
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream) {
   dest_mask_kernel<<<blocks, 256, 0, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
-  scan_kernel<<<1, kScanThreads, 0, stream>>>(p);
+  scan_kernel<<<p.domain.ranks + 1, kScanThreads, 0, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 

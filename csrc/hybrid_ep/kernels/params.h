@@ -83,6 +83,7 @@ struct DispatchParams {
   int chunk;                   // tokens per chunk
   int max_chunks;              // flags per source (every one is signalled each call)
   int stages;                  // shared-memory ring depth
+  bool side_by_tma;            // probs/scales 16-byte aligned: carried through the TMA ring
   size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
 };
 
@@ -103,6 +104,8 @@ struct CombineParams {
 
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.
 int dispatch_min_stages();
+size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
+bool dispatch_side_data_by_tma(const DispatchParams& p);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);

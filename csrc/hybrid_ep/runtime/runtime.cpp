@@ -17,14 +17,15 @@ int max_shared_memory() {
   return bytes;
 }
 
-int ring_stages(int wanted, int minimum, int row_bytes, int smem_limit) {
-  const int stride = (row_bytes + 127) / 128 * 128 + 2 * int(sizeof(uint64_t));
-  const int fit = (smem_limit - 1024) / stride;
+// Ring depth: what the config asks for, at least `minimum`, at most what shared memory holds
+// next to `reserved` bytes of other state.
+int ring_stages(int wanted, int minimum, size_t stage_bytes, size_t reserved, int smem_limit) {
+  const int fit = int((size_t(smem_limit) - reserved - 1024) / stage_bytes);
   if (fit < minimum) {
-    throw std::invalid_argument("hidden rows of " + std::to_string(row_bytes) +
+    throw std::invalid_argument("ring stages of " + std::to_string(stage_bytes) +
                                 " bytes: only " + std::to_string(fit) +
                                 " fit in shared memory, " + std::to_string(minimum) +
-                                " are needed");
+                                " are needed (hidden too large for this GPU)");
   }
   return std::clamp(wanted, minimum, fit);
 }
@@ -106,14 +107,18 @@ DomainView Runtime::domain() const {
   return d;
 }
 
-int Runtime::dispatch_stages(int row_bytes) const {
-  return ring_stages(config_.stages_dispatch, dispatch_min_stages(), row_bytes, smem_limit_);
+int Runtime::dispatch_stages(size_t stage_bytes) const {
+  const size_t routes = 2 * sizeof(int32_t) * size_t(config_.dispatch_chunk) * config_.ranks;
+  return ring_stages(config_.stages_dispatch, dispatch_min_stages(), stage_bytes, routes,
+                     smem_limit_);
 }
 
 int Runtime::combine_stages(int row_bytes) const {
   // A token's copies (up to one per local rank) must fit at once, plus room to prefetch.
-  return ring_stages(std::max(config_.stages_combine, config_.ranks + 1), config_.ranks,
-                     row_bytes, smem_limit_);
+  const size_t stage = size_t(row_bytes + 127) / 128 * 128 + 2 * sizeof(uint64_t);
+  const size_t routes = 2 * sizeof(int32_t) * size_t(config_.combine_chunk) * config_.ranks;
+  return ring_stages(std::max(config_.stages_combine, config_.ranks + 1), config_.ranks, stage,
+                     routes, smem_limit_);
 }
 
 }  // namespace hybrid_ep

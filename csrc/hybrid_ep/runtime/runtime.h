@@ -58,7 +58,7 @@ class Runtime {
   int64_t* host_summary() const { return host_summary_; }
   DeviceStatus status() const { return *status_; }
   // Resource limits the kernels need (stages clamped to what shared memory holds).
-  int dispatch_stages(int row_bytes) const;
+  int dispatch_stages(size_t stage_bytes) const;
   int combine_stages(int row_bytes) const;
 
  private:
