@@ -186,13 +186,25 @@ def run(cfg: BenchConfig) -> tuple[str, list[Row]]:
     return device, results.get()
 
 
-def environment() -> dict:
+def source_commit() -> str:
+    """The commit of the measured code: $HYBRID_EP_COMMIT (set it where the checkout has no
+    .git, e.g. a copied tree on a GPU machine), else the git checkout the bench runs from."""
+    if os.environ.get("HYBRID_EP_COMMIT"):
+        return os.environ["HYBRID_EP_COMMIT"]
+    # safe.directory: a copied checkout may belong to another user.
+    git = ["git", "-c", "safe.directory=*", "-C", os.getcwd()]
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True,
-                                cwd=os.path.dirname(__file__)).stdout.strip()
+        commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def environment() -> dict:
+    commit = source_commit()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     return {"date": datetime.date.today().isoformat(), "commit": commit,
             "host": f"{platform.machine()} {os.cpu_count()} cores", "gpu": gpu,

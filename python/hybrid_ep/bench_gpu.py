@@ -52,7 +52,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 import warnings
@@ -637,20 +636,6 @@ def environment() -> dict:
     from .bench import environment as base
 
     env = base()
-    # The checkout the bench is run from (an installed package has no git of its own), else
-    # the package's.
-    for where in (os.getcwd(), os.path.dirname(__file__)):
-        try:
-            # safe.directory: the checkout may belong to another user (a copied tree, root).
-            git = ["git", "-c", "safe.directory=*", "-C", where]
-            commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, check=True).stdout.strip()
-            dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            continue
-        env["commit"] = commit + ("+dirty" if dirty else "")
-        break
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
     env["mps"] = "running" if os.path.exists(os.path.join(pipe, "control")) else "not seen"
     env["time"] = datetime.datetime.now().isoformat(timespec="seconds")
