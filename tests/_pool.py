@@ -14,6 +14,7 @@ This module must not import torch at the top: the workers set their thread envir
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import queue
@@ -55,7 +56,7 @@ def _worker(rank: int, world_size: int, init_file: str, job_q, result_q, parent_
             world_size=world_size,
             timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S),
         )
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - reported to the test session
         result_q.put(("start", rank, False, traceback.format_exc()))
         return
     result_q.put(("start", rank, True, None))
@@ -85,15 +86,11 @@ def _worker(rank: int, world_size: int, init_file: str, job_q, result_q, parent_
             result_q.put((job_id, rank, False, traceback.format_exc()))
         finally:
             if _JOB_GROUP is not None:
-                try:
+                with contextlib.suppress(Exception):
                     dist.destroy_process_group(_JOB_GROUP)
-                except Exception:  # noqa: BLE001
-                    pass
             _JOB_GROUP = None
-    try:
+    with contextlib.suppress(Exception):
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 class JobError(AssertionError):
@@ -195,10 +192,8 @@ class WorkerPool:
     def close(self) -> None:
         self.broken = True
         for q in self._job_qs:
-            try:
+            with contextlib.suppress(Exception):
                 q.put(None)
-            except Exception:  # noqa: BLE001
-                pass
         deadline = time.monotonic() + 5
         for p in self._procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -210,10 +205,8 @@ class WorkerPool:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self._init_file)
-        except OSError:
-            pass
 
 
 class PoolManager:

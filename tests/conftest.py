@@ -17,7 +17,7 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from _pool import PoolManager  # noqa: E402
+from _pool import PoolManager
 
 
 @pytest.fixture(scope="session")

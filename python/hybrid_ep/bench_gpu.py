@@ -92,6 +92,10 @@ class GpuBenchConfig:
     fp8: bool = True
     seed: int = 0
     label: str = ""
+    # Ranks sharing a GPU get an MPS share of SMs slightly above their SMs per rank, so that
+    # one rank's copy kernels (copy-out, staging) cannot occupy the SMs another rank's
+    # persistent kernel needs, as separate GPUs would not either.
+    mps_partition: bool = True
     out_dir: str | None = None
     # Copy-kernel variants tried per pattern and k, (in_flight, store_lanes, release_every);
     # the best is the ceiling. One store lane stalls per group (~50 GB/s per SM with 14 KB
@@ -106,6 +110,9 @@ class RunSpec:
     regime: str
     ranks: int
     sms: int
+    # Measured by the parent before the ranks start when they run SM-partitioned.
+    roofline_gbps: float | None = None
+    sm_percentage: int | None = None
 
 
 @dataclass
@@ -386,10 +393,11 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
     result = RankResult(rank=rank, device=device, gpu=props.name,
                         sm_count=props.multi_processor_count)
 
-    # HBM roofline, one rank per GPU, the others idle.
+    # HBM roofline, one rank per GPU, the others idle (measured by the unpartitioned parent
+    # when the ranks run with an MPS share of SMs).
     dist.barrier(group)
     if rank < gpus:
-        result.roofline_gbps = measure_roofline() / 1e9
+        result.roofline_gbps = spec.roofline_gbps or measure_roofline() / 1e9
     dist.barrier(group)
 
     bench = _Rank(cfg, spec, rank)
@@ -476,9 +484,13 @@ def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int):
                                 f"kernels, expected >= {n * iters} and {iters}")
 
 
-def _worker(rank: int, cfg: GpuBenchConfig, spec: RunSpec, port: int, out_path: str):
+def _worker(rank: int, cfg: GpuBenchConfig, spec: RunSpec, port: int, out_path: str,
+            sm_percentage: int | None = None, roofline_gbps: float | None = None):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
+    if sm_percentage is not None:  # read by MPS when this process creates its CUDA context
+        os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm_percentage)
+    spec.roofline_gbps = roofline_gbps
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("gloo", rank=rank, world_size=spec.ranks,
                             timeout=datetime.timedelta(seconds=300))
@@ -497,10 +509,17 @@ def _worker(rank: int, cfg: GpuBenchConfig, spec: RunSpec, port: int, out_path: 
 def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> list[dict]:
     from .bench import free_port
 
+    percentage = roofline = None
+    gpus = torch.cuda.device_count()
+    if cfg.mps_partition and spec.ranks > gpus:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        percentage = min(100, math.ceil(100 * (spec.sms + 1) / sms))
+        roofline = measure_roofline() / 1e9
+    spec.sm_percentage = percentage
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ranks.json")
-        mp.start_processes(_worker, args=(cfg, spec, free_port(), path), nprocs=spec.ranks,
-                           start_method="spawn")
+        mp.start_processes(_worker, args=(cfg, spec, free_port(), path, percentage, roofline),
+                           nprocs=spec.ranks, start_method="spawn")
         with open(path) as f:
             return json.load(f)
 
@@ -623,6 +642,10 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
             "per_rank": per_rank,
         })
     notes = sorted({r["profiler_note"] for r in ranks if r["profiler_note"]})
+    if spec.sm_percentage is not None:
+        notes.append(f"ranks ran with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={spec.sm_percentage} "
+                     "(an MPS share of SMs just above their SMs per rank, as separate GPUs would "
+                     "have); the roofline was measured before, without that limit")
     return {"regime": spec.regime, "ranks": spec.ranks, "sms_per_rank": spec.sms,
             "gpus": len(on_gpu), "gpu": ranks[0]["gpu"], "sm_count": ranks[0]["sm_count"],
             "roofline_gbps": _mean(list(roofline.values())),

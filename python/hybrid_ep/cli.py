@@ -59,6 +59,7 @@ def _bench_gpu(args) -> int:
         sm_ranks=(args.ranks,) if args.ranks is not None else base.sm_ranks,
         sm_sms=args.sms if args.sms is not None else base.sm_sms,
         fp8=not args.no_fp8, seed=args.seed, label=args.label or "",
+        mps_partition=not args.no_mps_partition,
         out_dir=args.out_dir if args.out_dir is not None else "hybrid-ep-bench", **given)
     for name in ("hidden", "tokens", "experts_per_rank", "topk", "iters"):
         if getattr(cfg, name) < 1:
@@ -134,6 +135,9 @@ def main(argv=None) -> int:
                    help="folder for bench-<regime>[-<label>].md and bench[-<label>].json "
                         "(default hybrid-ep-bench)")
     g.add_argument("--label", default=None, help="tag for the tables and file names")
+    g.add_argument("--no-mps-partition", action="store_true",
+                   help="ranks sharing a GPU get no MPS share of SMs (default: just above "
+                        "their SMs per rank)")
     b.set_defaults(func=_bench)
     i = sub.add_parser("info", help="build info and environment variables")
     i.set_defaults(func=_info)

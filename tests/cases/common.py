@@ -62,22 +62,22 @@ def short_group(seconds: float = 10):
 def make_buffer(spec: dict, group=None, **overrides):
     from hybrid_ep import HybridEPBuffer
 
-    kwargs = dict(
-        group=group if group is not None else job_group(),
-        hidden_dim=spec["H"],
-        max_num_of_tokens_per_rank=spec["max_tokens"][rank()],
-        num_local_experts=spec["E"],
-        use_fp8=spec["dtype"] in FP8_KINDS,
-        num_of_hybrid_ep_ranks_per_nvlink_domain=spec["R"],
-    )
+    kwargs = {
+        "group": group if group is not None else job_group(),
+        "hidden_dim": spec["H"],
+        "max_num_of_tokens_per_rank": spec["max_tokens"][rank()],
+        "num_local_experts": spec["E"],
+        "use_fp8": spec["dtype"] in FP8_KINDS,
+        "num_of_hybrid_ep_ranks_per_nvlink_domain": spec["R"],
+    }
     kwargs.update(overrides)
     return HybridEPBuffer(**kwargs)
 
 
 def check_buffer_attributes(buf, spec: dict) -> None:
     r, W, R = rank(), spec["W"], spec["R"]
-    expected = dict(rank=r, group_size=W, num_of_hybrid_ep_ranks_per_nvlink_domain=R,
-                    local_rank=r % R, node_rank=r // R, num_of_nodes=W // R)
+    expected = {"rank": r, "group_size": W, "num_of_hybrid_ep_ranks_per_nvlink_domain": R,
+                "local_rank": r % R, "node_rank": r // R, "num_of_nodes": W // R}
     for name, value in expected.items():
         got = getattr(buf, name)
         assert got == value, f"[rank {r}] buffer.{name} = {got!r}, expected {value!r}"

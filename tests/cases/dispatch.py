@@ -20,7 +20,10 @@ def check_dispatch_handle(handle, orc: Oracle, r: int, T: int) -> None:
              "num_of_tokens_per_rank"]
     for pos, name in enumerate(names):
         assert_same(handle[pos], expected[pos], f"handle[{pos}] {name}", r)
-    assert handle[6] is not None, f"[rank {r}] handle[6] (config) is None"
+    config = handle[6]
+    assert config is not None, f"[rank {r}] handle[6] (config) is None"
+    got = getattr(config, "max_num_of_tokens_per_rank", None)
+    assert got == T, f"[rank {r}] handle config.max_num_of_tokens_per_rank = {got!r}, handle T {T}"
 
 
 def handle_T(handle, spec: dict) -> int:

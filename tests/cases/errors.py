@@ -36,7 +36,7 @@ def _bf16(T, H=128):
 def _basic(group, dtype="bf16", routing="map"):
     spec = _spec(dtype=dtype, routing=routing)
     buf = make_buffer(spec, group=group)
-    return dict(spec=spec, buf=buf, inp=gen_inputs(spec, rank()))
+    return {"spec": spec, "buf": buf, "inp": gen_inputs(spec, rank())}
 
 
 def _with_handle(group, permute=False, pad_multiple=None, fuse=False):
@@ -240,17 +240,15 @@ ENV_CASES = {
 
 def construct_error(name: str) -> str:
     build, names = CONSTRUCT_CASES[name]
-    with short_group() as group:
-        with raises(*names) as caught:
-            build(group)
+    with short_group() as group, raises(*names) as caught:
+        build(group)
     return caught[0]
 
 
 def env_error(variable: str) -> str:
-    with short_group() as group:
-        with env(**{variable: ENV_CASES[variable]}):
-            spec = _spec()
-            with raises(variable) as caught:
-                # no explicit ranks-per-domain argument, so the variable is the one in force
-                make_buffer(spec, group=group, num_of_hybrid_ep_ranks_per_nvlink_domain=None)
+    with short_group() as group, env(**{variable: ENV_CASES[variable]}):
+        spec = _spec()
+        with raises(variable) as caught:
+            # no explicit ranks-per-domain argument, so the variable is the one in force
+            make_buffer(spec, group=group, num_of_hybrid_ep_ranks_per_nvlink_domain=None)
     return caught[0]

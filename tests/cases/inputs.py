@@ -35,8 +35,9 @@ def make_spec(*, seed: int, W: int, R: int, E: int = 2, H: int | None = None,
         tokens = token_counts(W, "ragged", seed)
     if max_tokens is None:
         max_tokens = [max(max(tokens), 1)] * W
-    return dict(seed=seed, W=W, R=R, E=E, H=H, tokens=list(tokens), max_tokens=list(max_tokens),
-                routing=routing, dtype=dtype, with_probs=with_probs, k=k, layout=layout)
+    return {"seed": seed, "W": W, "R": R, "E": E, "H": H, "tokens": list(tokens),
+            "max_tokens": list(max_tokens), "routing": routing, "dtype": dtype,
+            "with_probs": with_probs, "k": k, "layout": layout}
 
 
 def seed_of(*parts) -> int:
@@ -112,9 +113,9 @@ def gen_inputs(spec: dict, rank: int, salt: str = "fwd") -> dict:
     T = spec["tokens"][rank]
     E_total = E * W
     g = generator(spec["seed"], rank, salt)
-    out = dict(hidden=_dense_tensor(spec, g, "hidden", T, H, dtype), scaling_factor=None,
-               routing_map=None, probs=None, topk_idx=None, topk_weights=None,
-               num_of_experts=None)
+    out = {"hidden": _dense_tensor(spec, g, "hidden", T, H, dtype), "scaling_factor": None,
+           "routing_map": None, "probs": None, "topk_idx": None, "topk_weights": None,
+           "num_of_experts": None}
     if dtype in FP8_KINDS:
         out["scaling_factor"] = _dense_tensor(spec, g, "scales", T, H // 128)
     g = generator(spec["seed"], rank, "routing")  # routing does not depend on the salt
@@ -164,11 +165,11 @@ def gen_combine_inputs(spec: dict, rank: int, rows: int, probs_width: int | None
 def routing_kwargs(spec: dict, inputs: dict, permute: bool = False) -> dict:
     """The routing keyword arguments of a dispatch call for these inputs."""
     if spec["routing"] == "map":
-        kw = dict(routing_map=inputs["routing_map"])
+        kw = {"routing_map": inputs["routing_map"]}
         if inputs["probs"] is not None:
             kw["probs"] = inputs["probs"]
         return kw
-    kw = dict(topk_idx=inputs["topk_idx"], num_of_experts=inputs["num_of_experts"])
+    kw = {"topk_idx": inputs["topk_idx"], "num_of_experts": inputs["num_of_experts"]}
     if inputs["topk_weights"] is not None:
         kw["topk_weights"] = inputs["topk_weights"]
     if permute:

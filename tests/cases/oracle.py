@@ -105,8 +105,8 @@ class Oracle:
         rows = self.recv[d]
         n = self.node(d)
         width = self.E * self.R
-        out = dict(tokens=_stack([hidden[s][t] for s, t in rows], self.H, hidden[d].dtype),
-                   probs=None, scaling_factor=None)
+        out = {"tokens": _stack([hidden[s][t] for s, t in rows], self.H, hidden[d].dtype),
+               "probs": None, "scaling_factor": None}
         if self.with_probs:
             out["probs"] = torch.tensor(
                 [self.prob[s][t][n * width:(n + 1) * width] for s, t in rows],
@@ -197,11 +197,11 @@ class Oracle:
                 if sf is not None:
                     sf[row] = disp["scaling_factor"][i]
         tpe = [min(max(P - offsets[e], 0), lengths[e]) for e in range(E)]
-        return dict(tokens=tokens, probs=probs, scaling_factor=sf, P=P, total=total,
-                    valid=min(P, total), counts=counts, lengths=lengths, offsets=offsets,
-                    tokens_per_expert=tpe, overflow=overflow,
-                    dense_to_expert_map=torch.tensor(d2e, dtype=torch.int32).reshape(
-                        T * self.W, E))
+        return {"tokens": tokens, "probs": probs, "scaling_factor": sf, "P": P, "total": total,
+                "valid": min(P, total), "counts": counts, "lengths": lengths, "offsets": offsets,
+                "tokens_per_expert": tpe, "overflow": overflow,
+                "dense_to_expert_map": torch.tensor(d2e, dtype=torch.int32).reshape(
+                    T * self.W, E)}
 
     def kept_expert_copies(self, s: int, permutes: list) -> list:
         """Per token of s: how many (rank, expert) copies survived every rank's permute
@@ -270,4 +270,4 @@ class Oracle:
         bound = exact.abs() * 2.0 ** -7 + absum * n * 2.0 ** -22
         cp = torch.tensor(cprobs, dtype=torch.float32).reshape(T, self.E_total) \
             if with_probs else None
-        return dict(exact=exact, bound=bound, ordered=ordered.to(torch.bfloat16), probs=cp)
+        return {"exact": exact, "bound": bound, "ordered": ordered.to(torch.bfloat16), "probs": cp}

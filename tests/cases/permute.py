@@ -15,13 +15,13 @@ MODES = ("blocking", "blocking_P", "nb_int", "nb_tensor")
 
 def _call_kwargs(mode: str, P: int) -> dict:
     if mode == "blocking":
-        return dict(non_blocking=False)
+        return {"non_blocking": False}
     if mode == "blocking_P":
-        return dict(non_blocking=False, num_permuted_tokens=P)
+        return {"non_blocking": False, "num_permuted_tokens": P}
     if mode == "nb_int":
-        return dict(non_blocking=True, num_permuted_tokens=P)
+        return {"non_blocking": True, "num_permuted_tokens": P}
     if mode == "nb_tensor":
-        return dict(non_blocking=True, num_permuted_tokens=as_tensor_count(P))
+        return {"non_blocking": True, "num_permuted_tokens": as_tensor_count(P)}
     raise ValueError(mode)
 
 
@@ -31,7 +31,6 @@ def check_permute(out, exp: dict, orc: Oracle, r: int, T: int, what: str,
         f"[rank {r}] {what}: dispatch_with_permute returned {type(out).__name__}"
     tokens, probs, scales, tpe, handle = out
     P, valid = exp["P"], exp["valid"]
-    E = orc.E
     # The tail past the padded total is unspecified: compare the leading `valid` rows.
     assert isinstance(tokens, torch.Tensor) and tuple(tokens.shape) == (P, orc.H), \
         f"[rank {r}] {what}: tokens shape {getattr(tokens, 'shape', None)}, expected {(P, orc.H)}"

@@ -33,11 +33,17 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   p.prob_cols = int(s.prob_cols());
   p.experts_per_rank = c.experts_per_rank;
   p.chunk = c.combine_chunk;
-  p.stages = runtime.combine_stages(row_bytes);
+  const int prob_bytes = call.out_probs != nullptr && (c.experts_per_rank * 4) % 16 == 0
+                             ? c.experts_per_rank * 4
+                             : 0;
+  p.stages = runtime.combine_stages(combine_stage_bytes(row_bytes, prob_bytes));
   p.combine_rows = l.combine_rows;
   p.combine_probs = l.combine_probs;
   p.out = call.out;
-  p.out_probs = call.probs != nullptr ? call.out_probs : nullptr;
+  // Not keyed on call.probs: an empty probs tensor has a null data pointer, and its combined
+  // probs (all zero) must still be written.
+  p.out_probs = call.out_probs;
+  p.probs_by_tma = prob_bytes != 0;
   launch_combine(p, c.sms_combine, stream);
 }
 

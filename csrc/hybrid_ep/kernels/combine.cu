@@ -18,6 +18,13 @@ constexpr int kReduceWarps = 8;
 constexpr int kThreads = 32 * (1 + kReduceWarps);
 constexpr uint32_t kReduceBarrier = 1;
 
+__host__ __device__ constexpr int align_up(int v, int a) { return (v + a - 1) / a * a; }
+
+// A stage holds one copy of a token: its row, then (TMA path) that copy's E probs.
+__host__ __device__ inline int stage_stride(int row_bytes, int prob_bytes) {
+  return align_up(align_up(row_bytes, 16) + prob_bytes, 128);
+}
+
 struct Ring {
   uint8_t* rows;
   uint64_t* full;
@@ -25,13 +32,17 @@ struct Ring {
   ChunkRoutes loader_routes, reduce_routes;
   int stages;
   int stride;
+  int prob_at;     // offset of the probs in a stage
+  int prob_bytes;  // 0 when probs are not carried by TMA
   __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
 };
 
 __device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p) {
   Ring ring;
   ring.stages = p.stages;
-  ring.stride = (p.row_bytes + 127) / 128 * 128;
+  ring.prob_bytes = p.out_probs != nullptr && p.probs_by_tma ? p.experts_per_rank * 4 : 0;
+  ring.prob_at = align_up(p.row_bytes, 16);
+  ring.stride = stage_stride(p.row_bytes, ring.prob_bytes);
   ring.rows = smem;
   ring.full = reinterpret_cast<uint64_t*>(smem + size_t(ring.stride) * p.stages);
   ring.empty = ring.full + p.stages;
@@ -59,9 +70,15 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
         if (rows[j] < 0) continue;
         const int stage = item % ring.stages;
         ptx::mbar_wait(&ring.empty[stage], ((item / ring.stages) & 1) ^ 1);
-        ptx::mbar_arrive_expect_tx(&ring.full[stage], p.row_bytes);
-        const uint8_t* src = p.domain.peer(j) + p.combine_rows + int64_t(rows[j]) * p.row_bytes;
-        ptx::bulk_load(ring.row(stage), src, p.row_bytes, &ring.full[stage]);
+        ptx::mbar_arrive_expect_tx(&ring.full[stage], p.row_bytes + ring.prob_bytes);
+        const uint8_t* peer = p.domain.peer(j);
+        ptx::bulk_load(ring.row(stage), peer + p.combine_rows + int64_t(rows[j]) * p.row_bytes,
+                       p.row_bytes, &ring.full[stage]);
+        if (ring.prob_bytes) {  // this copy's own E columns
+          const int64_t at = int64_t(rows[j]) * p.prob_cols + j * p.experts_per_rank;
+          ptx::bulk_load(ring.row(stage) + ring.prob_at, peer + p.combine_probs + 4 * at,
+                         ring.prob_bytes, &ring.full[stage]);
+        }
         ++item;
       }
     }
@@ -86,6 +103,44 @@ __device__ __forceinline__ uint4 to_bf16(const float (&acc)[8]) {
   return packed;
 }
 
+// The prob of column `col` of a token from the staged probs of the rank owning it (global
+// load), or 0 when that rank did not receive the token. Columns of other domains are 0.
+__device__ __forceinline__ float copy_prob(const CombineParams& p, const int32_t* rows, int col,
+                                           int experts_total) {
+  if (col >= experts_total) return 0.f;
+  const int E = p.experts_per_rank;
+  const int j = (col / E) % p.domain.ranks;
+  if (col / (E * p.domain.ranks) != p.domain.node_rank || rows[j] < 0) return 0.f;
+  const float* src = reinterpret_cast<const float*>(p.domain.peer(j) + p.combine_probs);
+  return src[int64_t(rows[j]) * p.prob_cols + j * E + col % E];
+}
+
+// combined_probs row of token t: each receiving rank's own E columns, zeros elsewhere.
+__device__ __forceinline__ void write_probs(const CombineParams& p, const Ring& ring,
+                                            const int32_t* rows, int t, uint32_t item,
+                                            float early_prob, int thread) {
+  constexpr int kReduceThreads = 32 * kReduceWarps;
+  const int E = p.experts_per_rank;
+  const int experts_total = E * p.domain.ranks * p.domain.nodes;
+  float* dst = p.out_probs + int64_t(t) * experts_total;
+  for (int col = thread; col < experts_total; col += kReduceThreads) {
+    float value;
+    if (ring.prob_bytes) {
+      const int j = (col / E) % p.domain.ranks;
+      value = 0.f;
+      if (col / (E * p.domain.ranks) == p.domain.node_rank && rows[j] >= 0) {
+        int k = 0;  // copies are staged in ascending local rank
+        for (int i = 0; i < j; ++i) k += rows[i] >= 0;
+        const uint8_t* stage = ring.row((item + k) % ring.stages);
+        value = reinterpret_cast<const float*>(stage + ring.prob_at)[col % E];
+      }
+    } else {
+      value = col == thread ? early_prob : copy_prob(p, rows, col, experts_total);
+    }
+    dst[col] = value;
+  }
+}
+
 // Reduce warps: every thread owns 8-element slices of the row.
 __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int thread) {
   constexpr int kReduceThreads = 32 * kReduceWarps;
@@ -102,6 +157,10 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int thre
     for (int t = first; t < last; ++t) {
       const int32_t* rows = ring.reduce_routes.token(t - first);
       const int copies = ring.reduce_routes.copies(t - first);
+      // Without the TMA path, issue this thread's prob load before waiting, to hide it.
+      const float early_prob = p.out_probs != nullptr && !ring.prob_bytes
+                                   ? copy_prob(p, rows, thread, experts_total)
+                                   : 0.f;
       for (int k = 0; k < copies; ++k) {
         const uint32_t it = item + k;
         ptx::mbar_wait(&ring.full[it % ring.stages], (it / ring.stages) & 1);
@@ -115,19 +174,7 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int thre
         }
         out[v] = to_bf16(acc);
       }
-      if (p.out_probs != nullptr) {
-        float* dst = p.out_probs + int64_t(t) * experts_total;
-        for (int col = thread; col < experts_total; col += kReduceThreads) {
-          const int j = (col / E) % p.domain.ranks;
-          const int node = col / (E * p.domain.ranks);
-          float value = 0.f;
-          if (node == p.domain.node_rank && rows[j] >= 0) {
-            const float* src = reinterpret_cast<const float*>(p.domain.peer(j) + p.combine_probs);
-            value = src[int64_t(rows[j]) * p.prob_cols + j * E + col % E];
-          }
-          dst[col] = value;
-        }
-      }
+      if (p.out_probs != nullptr) write_probs(p, ring, rows, t, item, early_prob, thread);
       // Every reduce thread is done with these stages before they are handed back.
       ptx::named_barrier(kReduceBarrier, kReduceThreads);
       if (thread == 0) {
@@ -161,13 +208,19 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
 
 }  // namespace
 
-size_t combine_smem_bytes(int row_bytes, int stages, int chunk, int ranks) {
-  return size_t((row_bytes + 127) / 128 * 128) * stages + 2 * sizeof(uint64_t) * stages +
+size_t combine_stage_bytes(int row_bytes, int prob_bytes) {
+  return stage_stride(row_bytes, prob_bytes) + 2 * sizeof(uint64_t);
+}
+
+size_t combine_smem_bytes(int row_bytes, int prob_bytes, int stages, int chunk, int ranks) {
+  return size_t(stage_stride(row_bytes, prob_bytes)) * stages + 2 * sizeof(uint64_t) * stages +
          2 * sizeof(int32_t) * chunk * ranks;
 }
 
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream) {
-  const size_t smem = combine_smem_bytes(p.row_bytes, p.stages, p.chunk, p.domain.ranks);
+  const int prob_bytes = p.out_probs != nullptr && p.probs_by_tma ? p.experts_per_rank * 4 : 0;
+  const size_t smem =
+      combine_smem_bytes(p.row_bytes, prob_bytes, p.stages, p.chunk, p.domain.ranks);
   static int configured = 0;  // the attribute is per function; raise it only when needed
   if (int(smem) > configured) {
     HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(

@@ -4,8 +4,8 @@
 //                  into a shared-memory ring guarded by full/empty mbarriers;
 //   store warps  : one TMA bulk store per destination rank (row, probs, scales) straight into
 //                  that rank's registered buffer;
-//   after a chunk: one monotonic flag per (source, chunk) in every destination, also for
-//                  chunks with nothing for it; finally each block waits for the chunks it
+//   at the end  : one monotonic flag per (source, chunk) in every destination, also for
+//                  chunks with nothing for it; then each block waits for the chunks it
 //                  receives.
 // Chunk c belongs to block c % gridDim.x on every rank.
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
@@ -153,16 +153,19 @@ __device__ __forceinline__ void store_item(const DispatchParams& p, const Smem& 
 }
 
 // Store warp `w`: consumes ring items w, w + kStoreWarps, ...; releases a stage once the bulk
-// stores that read it are done reading.
+// stores that read it are done reading. The store pipe is drained once, after the block's
+// last chunk, and then every chunk of the block is signalled to every rank of the domain
+// (including ranks that got nothing from it): per-chunk drains left the pipe idle.
 __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int lane) {
   const DomainView& d = p.domain;
   const int thread = w * 32 + lane;
   uint32_t item = 0;
+  int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
   for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(p, c);
+    ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);  // done with the previous routes
     s.store_routes.load(p.sparse_to_dense_map, r.first, r.last, thread, 32 * kStoreWarps);
     ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
-    int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
     for (int t = r.first; t < r.last; ++t) {
       const int32_t* rows = s.store_routes.token(t - r.first);
       if (!any_destination(rows, d.ranks)) continue;
@@ -182,21 +185,21 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
       }
       pending_stage = stage;
     }
-    // Chunk done: make every write of the store warps visible, then signal it to every rank
-    // of the domain (including those that got nothing from it).
-    if (lane == 0) {
-      ptx::bulk_wait<0>();
-      if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
-      ptx::fence_proxy_async_global();
-    }
-    __threadfence_system();
-    ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
-    if (w == 0) {
-      const size_t slot = sizeof(uint64_t) * (size_t(d.local_rank) * p.max_chunks + c);
-      for (int j = lane; j < d.ranks; j += 32) {
-        signal_flag(reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags + slot));
-      }
-    }
+  }
+  // Make every write of the store warps visible, then signal this block's chunks.
+  if (lane == 0) {
+    ptx::bulk_wait<0>();
+    if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
+    ptx::fence_proxy_async_global();
+  }
+  __threadfence_system();
+  ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
+  const int my_chunks = (p.max_chunks - int(blockIdx.x) + gridDim.x - 1) / gridDim.x;
+  for (int k = thread; k < my_chunks * d.ranks; k += 32 * kStoreWarps) {
+    const int j = k % d.ranks;
+    const int c = blockIdx.x + (k / d.ranks) * gridDim.x;
+    const size_t slot = sizeof(uint64_t) * (size_t(d.local_rank) * p.max_chunks + c);
+    signal_flag(reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags + slot));
   }
 }
 

@@ -97,6 +97,7 @@ struct CombineParams {
   int experts_per_rank;
   int chunk;
   int stages;
+  bool probs_by_tma;  // each copy's E probs are 16-byte multiples: carried in the ring stage
   size_t combine_rows, combine_probs;   // region offsets in the peers
   uint16_t* out;    // bf16 [num_tokens, H]
   float* out_probs; // [num_tokens, E_total] or null
@@ -106,6 +107,7 @@ struct CombineParams {
 int dispatch_min_stages();
 size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
 bool dispatch_side_data_by_tma(const DispatchParams& p);
+size_t combine_stage_bytes(int row_bytes, int prob_bytes);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);

@@ -113,9 +113,8 @@ int Runtime::dispatch_stages(size_t stage_bytes) const {
                      smem_limit_);
 }
 
-int Runtime::combine_stages(int row_bytes) const {
+int Runtime::combine_stages(size_t stage) const {
   // A token's copies (up to one per local rank) must fit at once, plus room to prefetch.
-  const size_t stage = size_t(row_bytes + 127) / 128 * 128 + 2 * sizeof(uint64_t);
   const size_t routes = 2 * sizeof(int32_t) * size_t(config_.combine_chunk) * config_.ranks;
   return ring_stages(std::max(config_.stages_combine, config_.ranks + 1), config_.ranks, stage,
                      routes, smem_limit_);

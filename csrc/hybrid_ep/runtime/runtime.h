@@ -59,7 +59,7 @@ class Runtime {
   DeviceStatus status() const { return *status_; }
   // Resource limits the kernels need (stages clamped to what shared memory holds).
   int dispatch_stages(size_t stage_bytes) const;
-  int combine_stages(int row_bytes) const;
+  int combine_stages(size_t stage_bytes) const;
 
  private:
   RuntimeConfig config_;
