@@ -55,7 +55,7 @@ import statistics
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -113,6 +113,7 @@ class RunSpec:
     # Measured by the parent before the ranks start when they run SM-partitioned.
     roofline_gbps: float | None = None
     sm_percentage: int | None = None
+    gpu_sm_count: int | None = None
 
 
 @dataclass
@@ -386,12 +387,13 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
     props = torch.cuda.get_device_properties(device)
     gpus = torch.cuda.device_count()
     sharing = sum(1 for r in range(spec.ranks) if r % gpus == device)
-    if sharing * spec.sms > props.multi_processor_count:
+    # Under an MPS share the device reports the share; the parent saw the whole GPU.
+    sm_count = spec.gpu_sm_count or props.multi_processor_count
+    if sharing * spec.sms > sm_count or spec.sms > props.multi_processor_count:
         raise ValueError(f"{sharing} ranks x {spec.sms} SMs do not fit on {props.name} "
-                         f"({props.multi_processor_count} SMs): persistent kernels of all ranks "
-                         "must be resident at once")
-    result = RankResult(rank=rank, device=device, gpu=props.name,
-                        sm_count=props.multi_processor_count)
+                         f"({sm_count} SMs, {props.multi_processor_count} for this rank): "
+                         "persistent kernels of all ranks must be resident at once")
+    result = RankResult(rank=rank, device=device, gpu=props.name, sm_count=sm_count)
 
     # HBM roofline, one rank per GPU, the others idle (measured by the unpartitioned parent
     # when the ranks run with an MPS share of SMs).
@@ -485,12 +487,11 @@ def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int):
 
 
 def _worker(rank: int, cfg: GpuBenchConfig, spec: RunSpec, port: int, out_path: str,
-            sm_percentage: int | None = None, roofline_gbps: float | None = None):
+            sm_percentage: int | None = None):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     if sm_percentage is not None:  # read by MPS when this process creates its CUDA context
         os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm_percentage)
-    spec.roofline_gbps = roofline_gbps
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("gloo", rank=rank, world_size=spec.ranks,
                             timeout=datetime.timedelta(seconds=300))
@@ -506,7 +507,9 @@ def _worker(rank: int, cfg: GpuBenchConfig, spec: RunSpec, port: int, out_path: 
         dist.destroy_process_group()
 
 
-def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> list[dict]:
+def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> tuple[RunSpec, list[dict]]:
+    """Runs the ranks of ``spec``; returns the spec as run (MPS share, roofline) and their
+    results."""
     from .bench import free_port
 
     percentage = roofline = None
@@ -515,13 +518,14 @@ def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> list[dict]:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         percentage = min(100, math.ceil(100 * (spec.sms + 1) / sms))
         roofline = measure_roofline() / 1e9
-    spec.sm_percentage = percentage
+        spec = replace(spec, sm_percentage=percentage, roofline_gbps=roofline,
+                       gpu_sm_count=sms)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ranks.json")
-        mp.start_processes(_worker, args=(cfg, spec, free_port(), path, percentage, roofline),
+        mp.start_processes(_worker, args=(cfg, spec, free_port(), path, percentage),
                            nprocs=spec.ranks, start_method="spawn")
         with open(path) as f:
-            return json.load(f)
+            return spec, json.load(f)
 
 
 def specs(cfg: GpuBenchConfig) -> list[RunSpec]:
@@ -767,7 +771,7 @@ def run(cfg: GpuBenchConfig, json_path: str | None = None) -> dict:
         start = time.perf_counter()
         print(f"hybrid-ep bench: {spec.regime}: {spec.ranks} rank(s) x {spec.sms} SMs ...",
               flush=True)
-        ranks = run_spec(cfg, spec)
+        spec, ranks = run_spec(cfg, spec)
         summary = summarize(cfg, spec, ranks)
         summary["wall_s"] = time.perf_counter() - start
         results["regimes"].setdefault(spec.regime, []).append(summary)

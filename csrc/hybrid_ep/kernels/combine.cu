@@ -1,8 +1,9 @@
 // Combine (one NVLink domain): persistent, one CTA per SM, warp-specialised.
 //   loader warp  : TMA-pulls every copy of a token from the registered combine buffers of the
 //                  ranks that received it into consecutive stages of a shared-memory ring;
-//   reduce warps : once all copies of the token are in, add them in fp32 (ascending local
-//                  rank, as the reference does), write BF16 and the routed-back probs.
+//   reduce warps : each owns every kReduceWarps-th token of a chunk; once all copies of its
+//                  token are in, it adds them in fp32 (ascending local rank, as the reference
+//                  does), writes BF16 and the routed-back probs, and hands the stages back.
 // Runs after a domain barrier that guarantees every peer's combine buffer is filled.
 #include <cuda_bf16.h>
 
@@ -118,12 +119,11 @@ __device__ __forceinline__ float copy_prob(const CombineParams& p, const int32_t
 // combined_probs row of token t: each receiving rank's own E columns, zeros elsewhere.
 __device__ __forceinline__ void write_probs(const CombineParams& p, const Ring& ring,
                                             const int32_t* rows, int t, uint32_t item,
-                                            float early_prob, int thread) {
-  constexpr int kReduceThreads = 32 * kReduceWarps;
+                                            float early_prob, int thread, int threads) {
   const int E = p.experts_per_rank;
   const int experts_total = E * p.domain.ranks * p.domain.nodes;
   float* dst = p.out_probs + int64_t(t) * experts_total;
-  for (int col = thread; col < experts_total; col += kReduceThreads) {
+  for (int col = thread; col < experts_total; col += threads) {
     float value;
     if (ring.prob_bytes) {
       const int j = (col / E) % p.domain.ranks;
@@ -141,32 +141,39 @@ __device__ __forceinline__ void write_probs(const CombineParams& p, const Ring& 
   }
 }
 
-// Reduce warps: every thread owns 8-element slices of the row.
-__device__ void reduce_copies(const CombineParams& p, const Ring& ring, int thread) {
+// Reduce warps: warp w owns tokens w, w + kReduceWarps, ... of each chunk and reduces them on
+// its own (lanes own 8-element slices of the row), so no warp ever waits for another one
+// except once per chunk, before the shared routes are replaced.
+__device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp, int lane) {
   constexpr int kReduceThreads = 32 * kReduceWarps;
   const int vectors = p.hidden / 8;
-  const int E = p.experts_per_rank;
-  const int experts_total = E * p.domain.ranks * p.domain.nodes;
-  uint32_t item = 0;
+  const int experts_total = p.experts_per_rank * p.domain.ranks * p.domain.nodes;
+  const int thread = warp * 32 + lane;
+  uint32_t item = 0;  // ring position of the chunk's first copy
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
   for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
     const int first = c * p.chunk;
     const int last = min(first + p.chunk, p.num_tokens);
+    ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
     ring.reduce_routes.load(p.sparse_to_dense_map, first, last, thread, kReduceThreads);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
     for (int t = first; t < last; ++t) {
       const int32_t* rows = ring.reduce_routes.token(t - first);
       const int copies = ring.reduce_routes.copies(t - first);
-      // Without the TMA path, issue this thread's prob load before waiting, to hide it.
+      if ((t - first) % kReduceWarps != warp) {
+        item += copies;
+        continue;
+      }
+      // Without the TMA path, issue this lane's prob load before waiting, to hide it.
       const float early_prob = p.out_probs != nullptr && !ring.prob_bytes
-                                   ? copy_prob(p, rows, thread, experts_total)
+                                   ? copy_prob(p, rows, lane, experts_total)
                                    : 0.f;
       for (int k = 0; k < copies; ++k) {
         const uint32_t it = item + k;
         ptx::mbar_wait(&ring.full[it % ring.stages], (it / ring.stages) & 1);
       }
       uint4* out = reinterpret_cast<uint4*>(p.out + int64_t(t) * p.hidden);
-      for (int v = thread; v < vectors; v += kReduceThreads) {
+      for (int v = lane; v < vectors; v += 32) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int k = 0; k < copies; ++k) {
           const uint8_t* stage = ring.row((item + k) % ring.stages);
@@ -174,10 +181,9 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int thre
         }
         out[v] = to_bf16(acc);
       }
-      if (p.out_probs != nullptr) write_probs(p, ring, rows, t, item, early_prob, thread);
-      // Every reduce thread is done with these stages before they are handed back.
-      ptx::named_barrier(kReduceBarrier, kReduceThreads);
-      if (thread == 0) {
+      if (p.out_probs != nullptr) write_probs(p, ring, rows, t, item, early_prob, lane, 32);
+      __syncwarp();  // every lane is done with these stages before they are handed back
+      if (lane == 0) {
         for (int k = 0; k < copies; ++k) ptx::mbar_arrive(&ring.empty[(item + k) % ring.stages]);
       }
       item += copies;
@@ -202,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   if (warp == 0) {
     load_copies(p, ring, threadIdx.x);
   } else {
-    reduce_copies(p, ring, threadIdx.x - 32);
+    reduce_copies(p, ring, warp - 1, threadIdx.x % 32);
   }
 }
 
