@@ -35,6 +35,10 @@ struct Ring {
   int stride;
   int prob_at;     // offset of the probs in a stage
   int prob_bytes;  // 0 when probs are not carried by TMA
+  // Items the loader has issued. Reduce warps run ahead of each other, so one may want an item
+  // more than a ring round ahead of the loader, where a parity wait on its stage would see the
+  // previous round complete; waiting for the issue first makes the parity unambiguous.
+  uint32_t* issued;
   __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
 };
 
@@ -50,6 +54,7 @@ __device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p
   int32_t* routes = reinterpret_cast<int32_t*>(ring.empty + p.stages);
   ring.loader_routes = ChunkRoutes{routes, p.domain.ranks};
   ring.reduce_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
+  ring.issued = reinterpret_cast<uint32_t*>(routes + 2 * p.chunk * p.domain.ranks);
   return ring;
 }
 
@@ -81,6 +86,7 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
                          ring.prob_bytes, &ring.full[stage]);
         }
         ++item;
+        *static_cast<volatile uint32_t*>(ring.issued) = item;
       }
     }
   }
@@ -168,6 +174,10 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       const float early_prob = p.out_probs != nullptr && !ring.prob_bytes
                                    ? copy_prob(p, rows, lane, experts_total)
                                    : 0.f;
+      if (copies > 0) {
+        while (*static_cast<volatile uint32_t*>(ring.issued) < item + copies) {
+        }
+      }
       for (int k = 0; k < copies; ++k) {
         const uint32_t it = item + k;
         ptx::mbar_wait(&ring.full[it % ring.stages], (it / ring.stages) & 1);
@@ -202,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
       ptx::mbar_init(&ring.full[s], 1);
       ptx::mbar_init(&ring.empty[s], 1);
     }
+    *ring.issued = 0;
     ptx::fence_barrier_init();
   }
   __syncthreads();
@@ -220,7 +231,7 @@ size_t combine_stage_bytes(int row_bytes, int prob_bytes) {
 
 size_t combine_smem_bytes(int row_bytes, int prob_bytes, int stages, int chunk, int ranks) {
   return size_t(stage_stride(row_bytes, prob_bytes)) * stages + 2 * sizeof(uint64_t) * stages +
-         2 * sizeof(int32_t) * chunk * ranks;
+         2 * sizeof(int32_t) * chunk * ranks + 16;
 }
 
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream) {

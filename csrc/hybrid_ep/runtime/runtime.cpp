@@ -115,7 +115,7 @@ int Runtime::dispatch_stages(size_t stage_bytes) const {
 
 int Runtime::combine_stages(size_t stage) const {
   // A token's copies (up to one per local rank) must fit at once, plus room to prefetch.
-  const size_t routes = 2 * sizeof(int32_t) * size_t(config_.combine_chunk) * config_.ranks;
+  const size_t routes = 2 * sizeof(int32_t) * size_t(config_.combine_chunk) * config_.ranks + 16;
   return ring_stages(std::max(config_.stages_combine, config_.ranks + 1), config_.ranks, stage,
                      routes, smem_limit_);
 }
