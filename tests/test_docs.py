@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_readme_env_table_is_current():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "env_table.py"), "--check"],
-                            capture_output=True, text=True)
+                            check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 

@@ -18,8 +18,8 @@ for _path in (_TESTS_DIR, _GPU_DIR):  # the workers import gpu_cases and cases f
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-import gpu_env  # noqa: E402
-from gpu_pool import GpuPools  # noqa: E402
+import gpu_env
+from gpu_pool import GpuPools
 
 _PLACEMENT_ORDER = {name: i for i, name in enumerate(gpu_env.PLACEMENTS)}
 

@@ -76,9 +76,9 @@ class Ctx:
     def buffer(self, H: int, max_tokens: int, E: int, fp8: bool = False, **overrides):
         from hybrid_ep import HybridEPBuffer
 
-        kwargs = dict(num_sms_dispatch_api=self.sms, num_sms_combine_api=self.sms,
-                      num_sms_preprocessing_api=self.sms,
-                      num_of_hybrid_ep_ranks_per_nvlink_domain=self.W)
+        kwargs = {"num_sms_dispatch_api": self.sms, "num_sms_combine_api": self.sms,
+                      "num_sms_preprocessing_api": self.sms,
+                      "num_of_hybrid_ep_ranks_per_nvlink_domain": self.W}
         kwargs.update(overrides)
         buf = HybridEPBuffer(dist.group.WORLD, hidden_dim=H, max_num_of_tokens_per_rank=max_tokens,
                              num_local_experts=E, use_fp8=fp8, **kwargs)
@@ -174,7 +174,7 @@ def make_routing(ctx: Ctx, spec: dict, T: int, salt: str = "routing") -> dict:
     dense_map[rows, cols] = True
     dense_probs = torch.zeros((T, E_total), dtype=torch.float32, device=ctx.dev)
     dense_probs[rows, cols] = weights[valid]
-    return dict(idx=idx, weights=weights, map=dense_map, probs=dense_probs)
+    return {"idx": idx, "weights": weights, "map": dense_map, "probs": dense_probs}
 
 
 def routing_args(spec: dict, rt: dict, on_cpu: bool = False) -> dict:
@@ -182,11 +182,11 @@ def routing_args(spec: dict, rt: dict, on_cpu: bool = False) -> dict:
     move = cpu if on_cpu else (lambda t: t)
     strided = colmajor if spec.get("strided") else (lambda t: t)
     if spec["form"] == "map":
-        kw = dict(routing_map=move(strided(rt["map"])))
+        kw = {"routing_map": move(strided(rt["map"]))}
         if spec["with_probs"]:
             kw["probs"] = move(strided(rt["probs"]))
         return kw
-    kw = dict(topk_idx=move(rt["idx"]), num_of_experts=spec["W"] * spec["E"])
+    kw = {"topk_idx": move(rt["idx"]), "num_of_experts": spec["W"] * spec["E"]}
     if spec["with_probs"]:
         kw["topk_weights"] = move(rt["weights"])
     return kw
@@ -200,13 +200,13 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def hidden_args(spec: dict, hidden, scales, on_cpu: bool = False) -> dict:
     if on_cpu:
-        return dict(hidden=as_bytes(hidden.cpu()), scaling_factor=cpu(scales))
+        return {"hidden": as_bytes(hidden.cpu()), "scaling_factor": cpu(scales)}
     if spec.get("strided"):
         if spec["dtype"] == "bf16":
             hidden = colmajor(hidden)
         if scales is not None:
             scales = colmajor(scales)
-    return dict(hidden=hidden, scaling_factor=scales)
+    return {"hidden": hidden, "scaling_factor": scales}
 
 
 def combine_inputs(ctx: Ctx, spec: dict, rows: int, salt: str):
@@ -402,7 +402,7 @@ def run_spec(ctx: Ctx, buf, spec: dict, stats: Stats, salt: str = "") -> dict:
                       f"combine #{n + 1}{salt}")
     if spec.get("reuse"):
         x2, sf2 = make_hidden(ctx, spec, T, "x2" + salt)
-        extra = dict(probs=rt["probs"]) if spec["with_probs"] else {}
+        extra = {"probs": rt["probs"]} if spec["with_probs"] else {}
         out2 = buf.dispatch(**hidden_args(spec, x2, sf2), handle=handle, **extra)
         ref2 = buf.dispatch(**hidden_args(spec, x2, sf2, on_cpu=True), handle=ref_handle,
                             **{k: cpu(v) for k, v in extra.items()})
@@ -410,7 +410,7 @@ def run_spec(ctx: Ctx, buf, spec: dict, stats: Stats, salt: str = "") -> dict:
         check_handle(ctx, out2[3], ref_handle, f"dispatch(handle=h){salt} vs first handle")
         if bf16:
             check_round_trip(ctx, buf, out2, x2, rt, spec, f"round trip of the reuse{salt}")
-    return dict(rows=rows, handle=handle, ref_handle=ref_handle, x=x, sf=sf, rt=rt)
+    return {"rows": rows, "handle": handle, "ref_handle": ref_handle, "x": x, "sf": sf, "rt": rt}
 
 
 @job
@@ -474,11 +474,11 @@ def long_run(ctx: Ctx, seed: int, H: int, E: int, max_tokens: int, iters: int,
         if float(torch.rand(1, generator=knobs)) < 0.1:
             T = 0
         # The same kind of call on every rank (forms, probs and k agree; data and T do not).
-        spec = dict(seed=seed * 1000 + i, W=W, E=E, H=H, dtype="bf16",
-                    form="topk" if i % 2 else "map", k=(1, 2, 8)[i % 3],
-                    routing="empty" if i % 25 == 24 else "skew" if i % 10 == 5 else "uniform",
-                    target=i % W, with_probs=i % 4 != 3,
-                    tokens=[T if s == r else -1 for s in range(W)])
+        spec = {"seed": seed * 1000 + i, "W": W, "E": E, "H": H, "dtype": "bf16",
+                    "form": "topk" if i % 2 else "map", "k": (1, 2, 8)[i % 3],
+                    "routing": "empty" if i % 25 == 24 else "skew" if i % 10 == 5 else "uniform",
+                    "target": i % W, "with_probs": i % 4 != 3,
+                    "tokens": [T if s == r else -1 for s in range(W)]}
         x, _ = make_hidden(ctx, spec, T, "x")
         rt = make_routing(ctx, spec, T)
         what = f"call {i}"
@@ -579,7 +579,7 @@ def timeout(ctx: Ctx, spec: dict, limit_s: float) -> dict:
     check_round_trip(ctx, buf, out, x, rt, spec, "round trip before the timeout")
     ctx.quiesce()
 
-    result = dict(rank=r)
+    result = {"rank": r}
     if r == 0:
         for attempt in ("first", "again"):
             start = time.monotonic()
@@ -590,7 +590,7 @@ def timeout(ctx: Ctx, spec: dict, limit_s: float) -> dict:
             except HybridEPTimeoutError as error:
                 result[attempt] = "timeout"
                 result[f"{attempt}_message"] = str(error)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - any other outcome is recorded and asserted on
                 result[attempt] = f"{type(error).__name__}: {error}"
             result[f"{attempt}_seconds"] = time.monotonic() - start
     dist.barrier()  # the other ranks wait here while rank 0 times out

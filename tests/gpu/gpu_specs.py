@@ -24,9 +24,9 @@ def make_spec(W: int, *, H: int, dtype: str = "bf16", form: str = "topk", k: int
         maxima = [max(c, 1) for c in counts]
     else:
         raise ValueError(max_tokens)
-    return dict(seed=s, W=W, E=E, H=H, dtype=dtype, form=form, k=k, routing=routing,
-                with_probs=probs, tokens=counts, max_tokens=maxima, reuse=reuse,
-                strided=strided)
+    return {"seed": s, "W": W, "E": E, "H": H, "dtype": dtype, "form": form, "k": k, "routing": routing,
+                "with_probs": probs, "tokens": counts, "max_tokens": maxima, "reuse": reuse,
+                "strided": strided}
 
 
 def spec_id(case: dict) -> str:
@@ -51,4 +51,4 @@ def report(record_property, results: list, label: str = "") -> dict:
     record_property("combine_all_bitwise", bitwise == combines)
     print(f"{label} dispatches checked {dispatches}; combines bitwise {bitwise}/{combines} "
           f"(max |diff| {diff:g})")
-    return dict(combines=combines, bitwise=bitwise, max_abs_diff=diff, dispatches=dispatches)
+    return {"combines": combines, "bitwise": bitwise, "max_abs_diff": diff, "dispatches": dispatches}

@@ -14,9 +14,8 @@ namespace hybrid_ep {
 void register_bench(py::module_& m) {
   m.def(
       "copy_ceiling",
-      [](uintptr_t src, uintptr_t dst, int64_t rows, int row_bytes, int k, bool fan_in,
-         int blocks, int stages, uintptr_t stream, int in_flight, int store_lanes,
-         int release_every) {
+      [](uintptr_t src, uintptr_t dst, int64_t rows, int row_bytes, int k, bool fan_in, int blocks,
+         int stages, uintptr_t stream, int in_flight, int store_lanes, int release_every) {
         CopyCeilingParams p{};
         p.src = reinterpret_cast<const uint8_t*>(src);
         p.dst = reinterpret_cast<uint8_t*>(dst);

@@ -1,9 +1,10 @@
 // Python face of Runtime and the executor. Pointers and streams arrive as integers
 // (tensor.data_ptr(), torch.cuda.current_stream().cuda_stream): the core never sees torch.
+#include "hybrid_ep/bindings/runtime.h"
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "hybrid_ep/bindings/runtime.h"
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/runtime.h"
 
@@ -63,28 +64,26 @@ void register_runtime(py::module_& m) {
            })
       .def("registered_bytes", [](const Runtime& r) { return r.layout().total; })
       .def("status", [](const Runtime& r) { return status_dict(r.status()); })
-      .def("summary",
-           [](const Runtime& r) {
-             return py::make_tuple(r.host_summary()[0], r.host_summary()[1]);
-           })
+      .def(
+          "summary",
+          [](const Runtime& r) { return py::make_tuple(r.host_summary()[0], r.host_summary()[1]); })
       .def("preprocess",
            [](Runtime& r, uintptr_t routing_map, int num_tokens, uintptr_t s2d, uintptr_t r2a,
               uintptr_t a2r, uintptr_t num_dispatched, uintptr_t lerm, uintptr_t stream) {
-             run_preprocess(r,
-                            {ptr<const uint8_t>(routing_map), num_tokens, ptr<int32_t>(s2d),
-                             ptr<bool>(r2a), ptr<bool>(a2r), ptr<int32_t>(num_dispatched),
-                             ptr<bool>(lerm)},
-                            stream_of(stream));
+             run_preprocess(
+                 r,
+                 {ptr<const uint8_t>(routing_map), num_tokens, ptr<int32_t>(s2d), ptr<bool>(r2a),
+                  ptr<bool>(a2r), ptr<int32_t>(num_dispatched), ptr<bool>(lerm)},
+                 stream_of(stream));
            })
       .def("dispatch",
            [](Runtime& r, uintptr_t hidden, uintptr_t probs, uintptr_t scales, uintptr_t s2d,
-              int num_tokens, int row_bytes, int scale_cols, bool barrier_first,
-              uintptr_t stream) {
-             run_dispatch(r,
-                          {ptr<const uint8_t>(hidden), ptr<const float>(probs),
-                           ptr<const float>(scales), ptr<const int32_t>(s2d), num_tokens,
-                           row_bytes, scale_cols, barrier_first},
-                          stream_of(stream));
+              int num_tokens, int row_bytes, int scale_cols, bool barrier_first, uintptr_t stream) {
+             run_dispatch(
+                 r,
+                 {ptr<const uint8_t>(hidden), ptr<const float>(probs), ptr<const float>(scales),
+                  ptr<const int32_t>(s2d), num_tokens, row_bytes, scale_cols, barrier_first},
+                 stream_of(stream));
            })
       .def("copy_dispatched",
            [](Runtime& r, uintptr_t rows, uintptr_t probs, uintptr_t scales, int count,
@@ -96,13 +95,12 @@ void register_runtime(py::module_& m) {
            })
       .def("combine",
            [](Runtime& r, uintptr_t hidden, uintptr_t probs, int num_rows, int hidden_size,
-              uintptr_t s2d, int num_tokens, uintptr_t out, uintptr_t out_probs,
-              uintptr_t stream) {
-             run_combine(r,
-                         {ptr<const uint8_t>(hidden), ptr<const float>(probs), num_rows,
-                          hidden_size, ptr<const int32_t>(s2d), num_tokens, ptr<uint16_t>(out),
-                          ptr<float>(out_probs)},
-                         stream_of(stream));
+              uintptr_t s2d, int num_tokens, uintptr_t out, uintptr_t out_probs, uintptr_t stream) {
+             run_combine(
+                 r,
+                 {ptr<const uint8_t>(hidden), ptr<const float>(probs), num_rows, hidden_size,
+                  ptr<const int32_t>(s2d), num_tokens, ptr<uint16_t>(out), ptr<float>(out_probs)},
+                 stream_of(stream));
            });
 }
 

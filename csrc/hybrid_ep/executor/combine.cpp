@@ -33,9 +33,8 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   p.prob_cols = int(s.prob_cols());
   p.experts_per_rank = c.experts_per_rank;
   p.chunk = c.combine_chunk;
-  const int prob_bytes = call.out_probs != nullptr && (c.experts_per_rank * 4) % 16 == 0
-                             ? c.experts_per_rank * 4
-                             : 0;
+  const int prob_bytes =
+      call.out_probs != nullptr && (c.experts_per_rank * 4) % 16 == 0 ? c.experts_per_rank * 4 : 0;
   p.stages = runtime.combine_stages(combine_stage_bytes(row_bytes, prob_bytes));
   p.combine_rows = l.combine_rows;
   p.combine_probs = l.combine_probs;

@@ -41,9 +41,9 @@ struct DispatchCall {
 void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream);
 
 struct DispatchOutput {
-  uint8_t* rows;   // [rows, row_bytes]
-  float* probs;    // [rows, E*R] or null
-  float* scales;   // [rows, scale_cols] or null
+  uint8_t* rows;  // [rows, row_bytes]
+  float* probs;   // [rows, E*R] or null
+  float* scales;  // [rows, scale_cols] or null
   int rows_count;
   int row_bytes;
   int scale_cols;
@@ -58,9 +58,9 @@ struct CombineCall {
   int num_rows;
   int hidden_size;
   const int32_t* sparse_to_dense_map;
-  int num_tokens;         // tokens of this rank (rows of the outputs)
-  uint16_t* out;          // bf16 [num_tokens, H]
-  float* out_probs;       // [num_tokens, E_total] or null
+  int num_tokens;    // tokens of this rank (rows of the outputs)
+  uint16_t* out;     // bf16 [num_tokens, H]
+  float* out_probs;  // [num_tokens, E_total] or null
 };
 
 // Barrier, stage this rank's rows into its registered buffer, barrier, pull-and-reduce kernel.

@@ -19,8 +19,9 @@ __global__ void allgather_kernel(AllgatherParams p) {
   uint8_t* dst = d.peer(peer) + p.routing + total * my_rank;
   const uint8_t* src = p.routing_map;
 
-  const bool vector_ok = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
-                           total | valid) & 15) == 0;
+  const bool vector_ok =
+      ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | total | valid) &
+       15) == 0;
   if (vector_ok) {
     for (size_t i = threadIdx.x * 16; i < total; i += blockDim.x * 16) {
       const uint4 v = i < valid ? *reinterpret_cast<const uint4*>(src + i) : make_uint4(0, 0, 0, 0);

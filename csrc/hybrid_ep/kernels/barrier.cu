@@ -14,8 +14,8 @@ __global__ void domain_barrier_kernel(BarrierParams p) {
   const size_t slot = sizeof(uint64_t) * d.local_rank;
   signal_flag(reinterpret_cast<uint64_t*>(d.peer(peer) + p.barrier_flags + slot));
   const size_t mine = p.barrier_flags + sizeof(uint64_t) * peer;
-  wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine),
-            d.timeout_ns, d.status, d.abort, WaitSite::kBarrier, peer, 0);
+  wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine), d.timeout_ns,
+            d.status, d.abort, WaitSite::kBarrier, peer, 0);
 }
 
 }  // namespace

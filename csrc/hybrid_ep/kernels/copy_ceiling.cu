@@ -13,12 +13,11 @@
 //                             waits for all k loads and writes the first (no arithmetic: the
 //                             reduction is what the combine kernel adds on top).
 // Rows go to blocks round-robin (row i to block i % gridDim.x).
-#include "hybrid_ep/kernels/copy_ceiling.h"
-
 #include <stdexcept>
 #include <string>
 
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/copy_ceiling.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
@@ -35,14 +34,30 @@ __host__ __device__ __forceinline__ int ring_stride(int row_bytes) {
 // cp.async.bulk.wait_group.read takes an immediate.
 __device__ __forceinline__ void wait_read_upto(int pending) {
   switch (pending) {
-    case 0: ptx::bulk_wait_read<0>(); break;
-    case 1: ptx::bulk_wait_read<1>(); break;
-    case 2: ptx::bulk_wait_read<2>(); break;
-    case 3: ptx::bulk_wait_read<3>(); break;
-    case 4: ptx::bulk_wait_read<4>(); break;
-    case 5: ptx::bulk_wait_read<5>(); break;
-    case 6: ptx::bulk_wait_read<6>(); break;
-    default: ptx::bulk_wait_read<kMaxInFlight>(); break;
+    case 0:
+      ptx::bulk_wait_read<0>();
+      break;
+    case 1:
+      ptx::bulk_wait_read<1>();
+      break;
+    case 2:
+      ptx::bulk_wait_read<2>();
+      break;
+    case 3:
+      ptx::bulk_wait_read<3>();
+      break;
+    case 4:
+      ptx::bulk_wait_read<4>();
+      break;
+    case 5:
+      ptx::bulk_wait_read<5>();
+      break;
+    case 6:
+      ptx::bulk_wait_read<6>();
+      break;
+    default:
+      ptx::bulk_wait_read<kMaxInFlight>();
+      break;
   }
 }
 
@@ -109,8 +124,7 @@ __device__ void store_rows(const CopyCeilingParams& p, uint8_t* ring, uint64_t* 
 __global__ void __launch_bounds__(kThreads, 1) copy_ceiling_kernel(CopyCeilingParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
-  uint64_t* full =
-      reinterpret_cast<uint64_t*>(smem + size_t(ring_stride(p.row_bytes)) * p.stages);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(ring_stride(p.row_bytes)) * p.stages);
   uint64_t* empty = full + p.stages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
@@ -177,8 +191,8 @@ void launch_copy_ceiling(const CopyCeilingParams& p, int blocks, cudaStream_t st
            std::to_string(kMaxStoreLanes));
   }
   if (p.release_every < 1) reject("release_every must be >= 1");
-  const int needed = copy_ceiling_min_stages(p.fan_in ? p.k : 1, p.store_lanes, p.in_flight,
-                                             p.release_every);
+  const int needed =
+      copy_ceiling_min_stages(p.fan_in ? p.k : 1, p.store_lanes, p.in_flight, p.release_every);
   if (p.stages < needed) {
     reject("stages=" + std::to_string(p.stages) + ": at least " + std::to_string(needed) +
            " are needed (loads per row x store_lanes x (in_flight + release_every))");

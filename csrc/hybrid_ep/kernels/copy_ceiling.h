@@ -19,10 +19,10 @@ struct CopyCeilingParams {
   int row_bytes;       // multiple of 16
   int k;               // copies per row (>= 1)
   bool fan_in;
-  int stages;          // ring depth; >= loads per row * store_lanes * (in_flight + release_every)
-  int in_flight;       // per store lane: groups whose shared-memory reads may be pending (0..7)
-  int release_every;   // per store lane: groups between two waits for the reads (>= 1)
-  int store_lanes;     // store threads (one per warp), group n to lane n % store_lanes (1..4)
+  int stages;         // ring depth; >= loads per row * store_lanes * (in_flight + release_every)
+  int in_flight;      // per store lane: groups whose shared-memory reads may be pending (0..7)
+  int release_every;  // per store lane: groups between two waits for the reads (>= 1)
+  int store_lanes;    // store threads (one per warp), group n to lane n % store_lanes (1..4)
 };
 
 // Dynamic shared memory of a ring of `stages` rows.

@@ -256,12 +256,10 @@ size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes) {
 
 bool dispatch_side_data_by_tma(const DispatchParams& p) {
   const bool probs_ok =
-      p.probs == nullptr ||
-      (aligned16(p.probs, int64_t(p.experts_total) * 4) && (p.prob_col_offset * 4) % 16 == 0 &&
-       (p.prob_cols * 4) % 16 == 0);
-  const bool scales_ok = p.scales == nullptr ||
-                         (aligned16(p.scales, int64_t(p.scale_cols) * 4) &&
-                          (p.scale_cols * 4) % 16 == 0);
+      p.probs == nullptr || (aligned16(p.probs, int64_t(p.experts_total) * 4) &&
+                             (p.prob_col_offset * 4) % 16 == 0 && (p.prob_cols * 4) % 16 == 0);
+  const bool scales_ok = p.scales == nullptr || (aligned16(p.scales, int64_t(p.scale_cols) * 4) &&
+                                                 (p.scale_cols * 4) % 16 == 0);
   return probs_ok && scales_ok;
 }
 

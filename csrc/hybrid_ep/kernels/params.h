@@ -46,44 +46,44 @@ struct AllgatherParams {
   int num_tokens;              // rows of this rank (may exceed max_tokens: growth is detected)
   int max_tokens;              // T
   int experts_total;
-  size_t routing;              // region offsets
+  size_t routing;  // region offsets
   size_t token_counts;
   size_t allgather_flags;
 };
 
 struct MetadataParams {
   DomainView domain;
-  const uint8_t* routing;  // this rank's gathered routing region, bool [W*T, E_total]
+  const uint8_t* routing;        // this rank's gathered routing region, bool [W*T, E_total]
   const uint64_t* token_counts;  // [W]
   int max_tokens;                // T
   int experts_per_rank;          // E
   uint64_t* dest_masks;          // scratch [W*T]: bit d = token goes to rank d (W <= 64)
   // Outputs (handle tensors, see docs/semantics.md).
-  int32_t* sparse_to_dense_map;         // [N*T, R]
-  bool* rdma_to_attn_map;               // [ceil16(T), N]
-  bool* attn_to_rdma_map;               // [T, N-1]
-  int32_t* num_dispatched_tokens;       // [1]
-  bool* local_expert_routing_map;       // [W*T, E], zero-filled beforehand
-  int64_t* host_summary;                // host-mapped [2]: dispatched rows, largest token count
+  int32_t* sparse_to_dense_map;    // [N*T, R]
+  bool* rdma_to_attn_map;          // [ceil16(T), N]
+  bool* attn_to_rdma_map;          // [T, N-1]
+  int32_t* num_dispatched_tokens;  // [1]
+  bool* local_expert_routing_map;  // [W*T, E], zero-filled beforehand
+  int64_t* host_summary;           // host-mapped [2]: dispatched rows, largest token count
 };
 
 struct DispatchParams {
   DomainView domain;
-  const uint8_t* hidden;       // [num_tokens, row_bytes]
-  const float* probs;          // [num_tokens, E_total] or null
-  const float* scales;         // [num_tokens, scale_cols] or null
+  const uint8_t* hidden;               // [num_tokens, row_bytes]
+  const float* probs;                  // [num_tokens, E_total] or null
+  const float* scales;                 // [num_tokens, scale_cols] or null
   const int32_t* sparse_to_dense_map;  // this rank's handle entry 0 ([T, R] rows of its tokens)
   int num_tokens;
   int max_tokens;
   int row_bytes;
-  int prob_cols;               // E*R: one domain's columns
-  int prob_col_offset;         // node_rank * E*R
+  int prob_cols;        // E*R: one domain's columns
+  int prob_col_offset;  // node_rank * E*R
   int experts_total;
   int scale_cols;
-  int chunk;                   // tokens per chunk
-  int max_chunks;              // flags per source (every one is signalled each call)
-  int stages;                  // shared-memory ring depth
-  bool side_by_tma;            // probs/scales 16-byte aligned: carried through the TMA ring
+  int chunk;         // tokens per chunk
+  int max_chunks;    // flags per source (every one is signalled each call)
+  int stages;        // shared-memory ring depth
+  bool side_by_tma;  // probs/scales 16-byte aligned: carried through the TMA ring
   size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
 };
 
@@ -91,16 +91,16 @@ struct CombineParams {
   DomainView domain;
   const int32_t* sparse_to_dense_map;  // [T, R]
   int num_tokens;
-  int row_bytes;    // BF16 rows: 2 * H
+  int row_bytes;  // BF16 rows: 2 * H
   int hidden;
-  int prob_cols;    // E*R
+  int prob_cols;  // E*R
   int experts_per_rank;
   int chunk;
   int stages;
   bool probs_by_tma;  // each copy's E probs are 16-byte multiples: carried in the ring stage
-  size_t combine_rows, combine_probs;   // region offsets in the peers
-  uint16_t* out;    // bf16 [num_tokens, H]
-  float* out_probs; // [num_tokens, E_total] or null
+  size_t combine_rows, combine_probs;  // region offsets in the peers
+  uint16_t* out;                       // bf16 [num_tokens, H]
+  float* out_probs;                    // [num_tokens, E_total] or null
 };
 
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.

@@ -18,7 +18,7 @@ struct BufferShape {
 
   int64_t experts_total() const { return experts_per_rank * world; }
   int64_t prob_cols() const { return experts_per_rank * ranks; }  // one domain's columns
-  int64_t max_rows() const { return world * max_tokens; }       // worst case received rows
+  int64_t max_rows() const { return world * max_tokens; }         // worst case received rows
   int64_t max_chunks() const { return (max_tokens + dispatch_chunk - 1) / dispatch_chunk; }
 };
 

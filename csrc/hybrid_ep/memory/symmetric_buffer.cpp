@@ -25,8 +25,8 @@ CUmemAllocationProp fabric_properties(int device) {
 
 size_t fabric_granularity(const CUmemAllocationProp& prop) {
   size_t granularity = 0;
-  HYBRID_EP_CU_CHECK(driver::api().granularity(&granularity, &prop,
-                                               CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  HYBRID_EP_CU_CHECK(
+      driver::api().granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   return granularity;
 }
 
@@ -95,8 +95,8 @@ std::string SymmetricBuffer::export_handle() const {
     return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
   }
   CUmemFabricHandle handle;
-  HYBRID_EP_CU_CHECK(driver::api().export_handle(&handle, local_handle_,
-                                                 CU_MEM_HANDLE_TYPE_FABRIC, 0));
+  HYBRID_EP_CU_CHECK(
+      driver::api().export_handle(&handle, local_handle_, CU_MEM_HANDLE_TYPE_FABRIC, 0));
   return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
 }
 
@@ -119,8 +119,7 @@ void SymmetricBuffer::open_peers(const std::vector<std::string>& handles, int se
       }
       std::memcpy(&handle, handles[j].data(), sizeof(handle));
       void* address = nullptr;
-      HYBRID_EP_CUDA_CHECK(
-          cudaIpcOpenMemHandle(&address, handle, cudaIpcMemLazyEnablePeerAccess));
+      HYBRID_EP_CUDA_CHECK(cudaIpcOpenMemHandle(&address, handle, cudaIpcMemLazyEnablePeerAccess));
       peers_[j] = static_cast<uint8_t*>(address);
     } else {
       CUmemFabricHandle handle;
@@ -137,8 +136,8 @@ void SymmetricBuffer::open_peers(const std::vector<std::string>& handles, int se
       peers_[j] = map_fabric(imported, bytes_, fabric_granularity(prop), device);
     }
   }
-  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&peer_table_),
-                                  sizeof(uint8_t*) * peers_.size()));
+  HYBRID_EP_CUDA_CHECK(
+      cudaMalloc(reinterpret_cast<void**>(&peer_table_), sizeof(uint8_t*) * peers_.size()));
   HYBRID_EP_CUDA_CHECK(cudaMemcpy(peer_table_, peers_.data(), sizeof(uint8_t*) * peers_.size(),
                                   cudaMemcpyHostToDevice));
 }

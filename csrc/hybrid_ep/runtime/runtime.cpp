@@ -22,9 +22,9 @@ int max_shared_memory() {
 int ring_stages(int wanted, int minimum, size_t stage_bytes, size_t reserved, int smem_limit) {
   const int fit = int((size_t(smem_limit) - reserved - 1024) / stage_bytes);
   if (fit < minimum) {
-    throw std::invalid_argument("ring stages of " + std::to_string(stage_bytes) +
-                                " bytes: only " + std::to_string(fit) +
-                                " fit in shared memory, " + std::to_string(minimum) +
+    throw std::invalid_argument("ring stages of " + std::to_string(stage_bytes) + " bytes: only " +
+                                std::to_string(fit) + " fit in shared memory, " +
+                                std::to_string(minimum) +
                                 " are needed (hidden too large for this GPU)");
   }
   return std::clamp(wanted, minimum, fit);
@@ -52,15 +52,15 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   const size_t counters = layout_.flags_end - layout_.flags_begin;
   HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&expected_), counters));
   HYBRID_EP_CUDA_CHECK(cudaMemset(expected_, 0, counters));
-  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dest_masks_),
-                                  sizeof(uint64_t) * shape_.max_rows()));
+  HYBRID_EP_CUDA_CHECK(
+      cudaMalloc(reinterpret_cast<void**>(&dest_masks_), sizeof(uint64_t) * shape_.max_rows()));
   HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&abort_), sizeof(uint32_t)));
   HYBRID_EP_CUDA_CHECK(cudaMemset(abort_, 0, sizeof(uint32_t)));
-  HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&status_), sizeof(DeviceStatus),
-                                     cudaHostAllocMapped));
+  HYBRID_EP_CUDA_CHECK(
+      cudaHostAlloc(reinterpret_cast<void**>(&status_), sizeof(DeviceStatus), cudaHostAllocMapped));
   *status_ = DeviceStatus{};
-  HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_summary_),
-                                     2 * sizeof(int64_t), cudaHostAllocMapped));
+  HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_summary_), 2 * sizeof(int64_t),
+                                     cudaHostAllocMapped));
   host_summary_[0] = host_summary_[1] = 0;
   smem_limit_ = max_shared_memory();
   HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -99,8 +99,8 @@ DomainView Runtime::domain() const {
   d.expected = expected_;
   d.flags_begin = layout_.flags_begin;
   DeviceStatus* device_status = nullptr;
-  HYBRID_EP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_status),
-                                                status_, 0));
+  HYBRID_EP_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_status), status_, 0));
   d.status = device_status;
   d.abort = abort_;
   d.timeout_ns = uint64_t(config_.timeout_s * 1e9);

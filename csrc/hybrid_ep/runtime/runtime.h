@@ -66,11 +66,11 @@ class Runtime {
   BufferShape shape_;
   BufferLayout layout_;
   std::unique_ptr<SymmetricBuffer> buffer_;
-  uint64_t* expected_ = nullptr;    // consumer counters of the flag region
-  uint64_t* dest_masks_ = nullptr;  // metadata scratch
-  DeviceStatus* status_ = nullptr;  // host-mapped
-  uint32_t* abort_ = nullptr;       // device word set by a failed wait
-  int64_t* host_summary_ = nullptr; // host-mapped [2]
+  uint64_t* expected_ = nullptr;     // consumer counters of the flag region
+  uint64_t* dest_masks_ = nullptr;   // metadata scratch
+  DeviceStatus* status_ = nullptr;   // host-mapped
+  uint32_t* abort_ = nullptr;        // device word set by a failed wait
+  int64_t* host_summary_ = nullptr;  // host-mapped [2]
   int smem_limit_ = 0;
   bool connected_ = false;
 };

@@ -18,9 +18,9 @@ __device__ __forceinline__ void signal_flag(uint64_t* flag) {
   ptx::add_release_sys(flag, 1);
 }
 
-__device__ __forceinline__ void report_timeout(DeviceStatus* status, uint32_t* abort,
-                                               WaitSite site, int peer, int slot,
-                                               uint64_t expected, uint64_t seen) {
+__device__ __forceinline__ void report_timeout(DeviceStatus* status, uint32_t* abort, WaitSite site,
+                                               int peer, int slot, uint64_t expected,
+                                               uint64_t seen) {
   atomicExch(abort, 1u);
   if (atomicCAS(&status->code, 0, static_cast<int32_t>(StatusCode::kTimeout)) == 0) {
     status->site = static_cast<int32_t>(site);
