@@ -177,7 +177,7 @@ def run(cfg: BenchConfig) -> tuple[str, list[Row]]:
     device = pick_device(cfg.device)
     if device == "cuda":
         raise NotImplementedError("run(): the reference engine on the CPU only; the CUDA "
-                                  "engine is benchmarked by hybrid_ep.bench_gpu "
+                                  "engine is benchmarked by hybrid_ep.gpubench "
                                   "(hybrid-ep bench --device cuda)")
     context = mp.get_context("spawn")
     results = context.SimpleQueue()

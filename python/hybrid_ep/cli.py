@@ -7,7 +7,7 @@ import json
 import sys
 
 # Defaults of the CPU bench (the reference engine over gloo); --device cuda has its own
-# (hybrid_ep.bench_gpu.GpuBenchConfig).
+# (hybrid_ep.gpubench.GpuBenchConfig).
 _CPU_DEFAULTS = {"ranks": 4, "hidden": 2048, "tokens": 512, "experts_per_rank": 4, "topk": 4,
                  "iters": 5, "warmup": 1}
 
@@ -45,14 +45,14 @@ def _bench(args) -> int:
 
 
 def _bench_gpu(args) -> int:
-    from . import bench_gpu
+    from . import gpubench
 
-    base = bench_gpu.GpuBenchConfig()
+    base = gpubench.GpuBenchConfig()
     regimes = ("hbm", "sm") if args.regime == "all" else (args.regime,)
     given = {name: getattr(args, name) for name in ("hidden", "tokens", "experts_per_rank",
                                                      "topk", "iters", "warmup")
              if getattr(args, name) is not None}
-    cfg = bench_gpu.GpuBenchConfig(
+    cfg = gpubench.GpuBenchConfig(
         regimes=regimes,
         hbm_ranks=args.ranks if args.ranks is not None else base.hbm_ranks,
         hbm_sms=args.sms if args.sms is not None else base.hbm_sms,
@@ -79,7 +79,7 @@ def _bench_gpu(args) -> int:
     if args.nodes != 1:
         raise SystemExit("--nodes: the CUDA engine runs one NVLink domain so far (--nodes 1)")
     try:
-        bench_gpu.run(cfg, json_path=args.json)
+        gpubench.run(cfg, json_path=args.json)
     except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
         print(f"hybrid-ep bench FAILED: {error}", file=sys.stderr)
         return 1
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
                    help="auto: the CUDA engine on a GPU build, else the reference on the CPU")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", help="also write the results to this JSON file")
-    g = b.add_argument_group("cuda", "options of --device cuda (hybrid_ep.bench_gpu)")
+    g = b.add_argument_group("cuda", "options of --device cuda (hybrid_ep.gpubench)")
     g.add_argument("--regime", choices=("hbm", "sm", "all"), default="all",
                    help="hbm: 8 ranks on one GPU x 16 SMs vs the HBM roofline; sm: 1 and 2 "
                         "ranks x 8 SMs vs the per-SM TMA copy ceiling; all: both (default)")

@@ -1,0 +1,50 @@
+"""``hybrid-ep bench --device cuda``: the CUDA engine on GPUs, verified, timed, and compared with
+ceilings measured in the same run.
+
+Two regimes (DESIGN.md section 8; defaults of ``--device cuda``):
+
+- ``hbm``: 8 ranks sharing one GPU (MPS), 16 SMs per rank. The kernels together can saturate
+  HBM: each is compared with the HBM roofline, a device-to-device copy measured in the run.
+- ``sm``: 1 rank and 2 ranks, 8 SMs per rank. HBM is far from busy: each kernel is compared with
+  the per-SM TMA ceiling of its traffic pattern, measured in the run by ``_C.copy_ceiling``
+  (fan-out: 1 load to k stores, like dispatch; fan-in: k loads to 1 store, like combine; k the
+  measured average copies per token).
+
+Every configuration runs in its own set of spawned processes (one per rank, rank r on GPU
+r % device_count, gloo group). Per rank and operation it records:
+
+- API time: the whole Python call, from after a host barrier to ``torch.cuda.synchronize()``;
+- kernel-only time: the device time of the operation's core kernel (``dispatch_kernel`` or
+  ``combine_kernel``) from ``torch.profiler``, in a separate pass (the profiler is off while API
+  times are taken);
+- bytes: rows received (``D``) and copies sent (``S``) per call, from the handle.
+
+Operations, each call with fresh random routing (top-k of uniform scores):
+``dispatch bf16 + preprocess`` (no handle: the routing all-gather and metadata run in the call),
+``dispatch bf16`` and ``dispatch fp8`` (handle of that dispatch), ``combine bf16`` (of the
+dispatched BF16 rows). The first warm-up call of each is checked bit for bit against an
+independent oracle (:mod:`hybrid_ep.oracle`, on the GPU: every rank regenerates every rank's
+inputs from their seeds and gathers their routing), so no number of a wrong kernel is reported.
+
+Numbers (per configuration and operation; "ranks on a GPU" share its HBM):
+
+- algbw per rank = D x hidden x 2 / time (FP8: x (1 + 4/128) / 2; combine: as BF16 dispatch),
+  mean over ranks, for kernel and API time;
+- HBM bytes a kernel must move once, per rank: dispatch reads its T rows (+ probs, + scales) and
+  writes S copies of them (+ probs, + scales each); combine reads the S copies of its tokens
+  (+ their probs) and writes T rows (+ T x E_total probs);
+- HBM traffic per SM = sum over the ranks on a GPU of bytes / kernel time, / (SMs per rank x
+  ranks on it); roofline fraction = the same sum / the measured copy bandwidth (read + write);
+- ceiling fraction (sm regime) = traffic per SM / the copy kernel's traffic per SM at the same
+  k (interpolated between the integer neighbours of the measured k): the best of a few variants
+  (store lanes, in-flight store groups), same rows and SMs, the deepest ring shared memory
+  holds, event-timed with the GPU kept busy before the start event (no launch overhead), its
+  output checked;
+- API allowance = kernel time + one pass over the output (read + write, summed over the ranks on
+  the GPU) at the roofline + 30 us.
+"""
+
+from .config import GpuBenchConfig
+from .report import run
+
+__all__ = ["GpuBenchConfig", "run"]

@@ -1,0 +1,269 @@
+"""What each rank process measures, and how a configuration's ranks are spawned."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import asdict, replace
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .. import oracle
+from .ceiling import measure_ceilings
+from .config import (
+    OPS,
+    PREPROCESS_KERNELS,
+    GpuBenchConfig,
+    RankResult,
+    RunSpec,
+    make_routing,
+    make_tokens,
+)
+from .timing import kernel_events, measure_roofline, ours
+
+
+# ---- one rank -----------------------------------------------------------------------------------
+class _Rank:
+    def __init__(self, cfg: GpuBenchConfig, spec: RunSpec, rank: int):
+        from ..buffer import HybridEPBuffer
+
+        self.cfg, self.spec, self.rank = cfg, spec, rank
+        self.group = dist.group.WORLD
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.experts_total = cfg.experts_per_rank * spec.ranks
+        self.tokens = make_tokens(cfg, rank, self.device)
+        self.buffer = HybridEPBuffer(
+            self.group, cfg.hidden, cfg.tokens, cfg.experts_per_rank, use_fp8=cfg.fp8,
+            num_sms_dispatch_api=spec.sms, num_sms_combine_api=spec.sms,
+            num_sms_preprocessing_api=min(spec.sms, 16),
+            num_of_hybrid_ep_ranks_per_nvlink_domain=spec.ranks)
+
+    def step(self, step: int, timer):
+        """One call of every operation, each through `timer(op, fn)`. Returns the outputs."""
+        cfg, buf, tok = self.cfg, self.buffer, self.tokens
+        routing_map, probs = make_routing(cfg, self.experts_total, step, self.rank, self.device)
+        x = tok["hidden"]
+        out = {"routing_map": routing_map, "probs": probs}
+        out["pre"] = timer("dispatch_pre",
+                           lambda: buf.dispatch(x, probs=probs, routing_map=routing_map))
+        handle = out["pre"][3]
+        out["bf16"] = timer("dispatch_bf16", lambda: buf.dispatch(x, probs=probs, handle=handle))
+        if cfg.fp8:
+            out["fp8"] = timer("dispatch_fp8", lambda: buf.dispatch(
+                tok["fp8"], scaling_factor=tok["scales"], probs=probs, handle=handle))
+        rows, rows_probs = out["bf16"][0], out["bf16"][1]
+        out["combine"] = timer("combine_bf16",
+                               lambda: buf.combine(rows, probs=rows_probs, handle=handle))
+        out["rows"] = int(rows.shape[0])
+        out["copies"] = int((handle[0][: cfg.tokens] >= 0).sum())
+        return out
+
+    # -- verification against the oracle, on the GPU --
+    def verify(self, out) -> list[str]:
+        cfg, spec, dev = self.cfg, self.spec, self.device
+        maps = [torch.empty(cfg.tokens, self.experts_total, dtype=torch.uint8)
+                for _ in range(spec.ranks)]
+        dist.all_gather(maps, out["routing_map"].to(torch.uint8).cpu(), group=self.group)
+        probs = [torch.empty(cfg.tokens, self.experts_total) for _ in range(spec.ranks)]
+        dist.all_gather(probs, out["probs"].cpu(), group=self.group)
+        everyone = []
+        for source in range(spec.ranks):
+            tokens = self.tokens if source == self.rank else make_tokens(cfg, source, dev)
+            everyone.append(tokens | {"routing_map": maps[source].to(dev).bool(),
+                                      "probs": probs[source].to(dev)})
+        checked = []
+        want = oracle.expected_dispatch(everyone, self.rank, cfg.experts_per_rank, spec.ranks)
+        for op in ("pre", "bf16"):
+            _same(f"{op}: dispatched rows", out[op][0], want[0])
+            _same(f"{op}: dispatched probs", out[op][1], want[1])
+            checked.append(OPS["dispatch_pre" if op == "pre" else "dispatch_bf16"][0])
+        if cfg.fp8:
+            want8 = oracle.expected_dispatch(
+                [{"hidden": e["fp8"], "routing_map": e["routing_map"],
+                  "scaling_factor": e["scales"]} for e in everyone],
+                self.rank, cfg.experts_per_rank, spec.ranks)
+            _same("fp8: dispatched rows", out["fp8"][0], want8[0])
+            _same("fp8: dispatched probs", out["fp8"][1], want[1])
+            _same("fp8: dispatched scaling factors", out["fp8"][2], want8[2])
+            checked.append(OPS["dispatch_fp8"][0])
+        combined, combined_probs = out["combine"]
+        _same("combine: rows", combined, oracle.expected_combine_of_dispatch(
+            self.tokens["hidden"], out["routing_map"], cfg.experts_per_rank))
+        _same("combine: probs", combined_probs, out["probs"])
+        checked.append(OPS["combine_bf16"][0])
+        del everyone, want
+        torch.cuda.empty_cache()
+        return checked
+
+
+def _same(name: str, got, want):
+    if got is None or want is None:
+        assert got is None and want is None, f"{name}: one of result and oracle is None"
+        return
+    ok = got.shape == want.shape and torch.equal(got.contiguous().view(torch.uint8),
+                                                 want.contiguous().view(torch.uint8))
+    if not ok:
+        raise AssertionError(f"{name}: differs from the oracle (shape {tuple(got.shape)} vs "
+                             f"{tuple(want.shape)}); no numbers are reported for a wrong kernel")
+
+
+def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
+    group = dist.group.WORLD
+    device = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(device)
+    gpus = torch.cuda.device_count()
+    sharing = sum(1 for r in range(spec.ranks) if r % gpus == device)
+    # Under an MPS share the device reports the share; the parent saw the whole GPU.
+    sm_count = spec.gpu_sm_count or props.multi_processor_count
+    if sharing * spec.sms > sm_count or spec.sms > props.multi_processor_count:
+        raise ValueError(f"{sharing} ranks x {spec.sms} SMs do not fit on {props.name} "
+                         f"({sm_count} SMs, {props.multi_processor_count} for this rank): "
+                         "persistent kernels of all ranks must be resident at once")
+    result = RankResult(rank=rank, device=device, gpu=props.name, sm_count=sm_count)
+
+    # HBM roofline, one rank per GPU, the others idle (measured by the unpartitioned parent
+    # when the ranks run with an MPS share of SMs).
+    dist.barrier(group)
+    if rank < gpus:
+        result.roofline_gbps = spec.roofline_gbps or measure_roofline() / 1e9
+    dist.barrier(group)
+
+    bench = _Rank(cfg, spec, rank)
+    ops = [op for op in OPS if cfg.fp8 or op != "dispatch_fp8"]
+
+    # Pass 1: API times (no profiler), the first warm-up verified.
+    result.api_s = {op: [] for op in ops}
+    for step in range(cfg.warmup + cfg.iters):
+        timed = step >= cfg.warmup
+
+        def timer(op, fn, timed=timed):
+            value, seconds = timed(fn, group)
+            if timed:
+                result.api_s[op].append(seconds)
+            return value
+
+        out = bench.step(step, timer)
+        if step == 0:
+            result.verified = bench.verify(out)
+        if timed:
+            result.api_rows.append(out["rows"])
+            result.api_copies.append(out["copies"])
+        del out
+
+    # Pass 2: kernel times from the profiler (2 more warm-up steps inside the session).
+    result.kernel_s = {op: [] for op in ops}
+    base = cfg.warmup + cfg.iters
+    extra = 2
+    steps = extra + cfg.iters
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for step in range(steps):
+                out = bench.step(base + step, lambda op, fn: timed(fn, group)[0])
+                if step >= extra:
+                    result.kernel_rows.append(out["rows"])
+                    result.kernel_copies.append(out["copies"])
+                del out
+            torch.cuda.synchronize()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(path)
+            kernels = kernel_events(path)
+        _assign_kernels(result, kernels, ops, steps, cfg.iters)
+    except Exception as error:  # noqa: BLE001 - report API numbers even without a profiler
+        result.profiler_note = f"profiler failed: {type(error).__name__}: {error}"
+
+    # Per-SM TMA ceiling (sm regime), one rank with this configuration's SMs, the others idle.
+    if spec.regime == "sm":
+        copies = [None] * spec.ranks
+        dist.all_gather_object(copies, (sum(result.api_copies), len(result.api_copies)),
+                               group=group)
+        k_mean = sum(c[0] for c in copies) / (cfg.tokens * sum(c[1] for c in copies))
+        dist.barrier(group)
+        if rank == 0:
+            result.ceilings = measure_ceilings(cfg, spec.sms, k_mean)
+        dist.barrier(group)
+    del bench
+    dist.barrier(group)
+    return result
+
+
+def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int):
+    """Per step the stream runs dispatch_kernel for dispatch_pre, dispatch_bf16, dispatch_fp8
+    (in that order) and then combine_kernel; events are matched from the end of the session (the
+    profiler may miss a few at its start) and the last `iters` of each kept."""
+    dispatch_ops = [op for op in ops if OPS[op][1] == "dispatch_kernel"]
+    dispatch = [k for k in kernels if ours(k[2], "dispatch_kernel")]
+    combine = [k for k in kernels if ours(k[2], "combine_kernel")]
+    per_op = {op: [] for op in ops}
+    n = len(dispatch_ops)
+    for i, event in enumerate(reversed(dispatch)):
+        per_op[dispatch_ops[n - 1 - i % n]].append(event[1] * 1e-6)
+    per_op["combine_bf16"] = [k[1] * 1e-6 for k in reversed(combine)]
+    for op in ops:
+        result.kernel_s[op] = list(reversed(per_op[op][:iters]))
+    preprocess = [k for k in kernels if any(ours(k[2], p) for p in PREPROCESS_KERNELS)]
+    if preprocess:
+        result.preprocess_kernels_s = sum(k[1] for k in preprocess) * 1e-6 / steps
+    if len(dispatch) < n * iters or len(combine) < iters:
+        result.profiler_note = (f"profiler saw {len(dispatch)} dispatch and {len(combine)} combine "
+                                f"kernels, expected >= {n * iters} and {iters}")
+
+
+def _worker(rank: int, cfg: GpuBenchConfig, spec: RunSpec, port: int, out_path: str,
+            sm_percentage: int | None = None):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    if sm_percentage is not None:  # read by MPS when this process creates its CUDA context
+        os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm_percentage)
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("gloo", rank=rank, world_size=spec.ranks,
+                            timeout=datetime.timedelta(seconds=300))
+    try:
+        mine = _measure(cfg, spec, rank)
+        everyone = [None] * spec.ranks
+        dist.all_gather_object(everyone, asdict(mine))
+        if rank == 0:
+            with open(out_path, "w") as f:
+                json.dump(everyone, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> tuple[RunSpec, list[dict]]:
+    """Runs the ranks of ``spec``; returns the spec as run (MPS share, roofline) and their
+    results."""
+    from ..bench import free_port
+
+    percentage = roofline = None
+    gpus = torch.cuda.device_count()
+    if cfg.mps_partition and spec.ranks > gpus:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        percentage = min(100, math.ceil(100 * (spec.sms + 1) / sms))
+        roofline = measure_roofline() / 1e9
+        spec = replace(spec, sm_percentage=percentage, roofline_gbps=roofline,
+                       gpu_sm_count=sms)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ranks.json")
+        mp.start_processes(_worker, args=(cfg, spec, free_port(), path, percentage),
+                           nprocs=spec.ranks, start_method="spawn")
+        with open(path) as f:
+            return spec, json.load(f)
+
+
+def specs(cfg: GpuBenchConfig) -> list[RunSpec]:
+    out = []
+    if "hbm" in cfg.regimes:
+        out.append(RunSpec("hbm", cfg.hbm_ranks, cfg.hbm_sms))
+    if "sm" in cfg.regimes:
+        out.extend(RunSpec("sm", ranks, cfg.sm_sms) for ranks in cfg.sm_ranks)
+    return out

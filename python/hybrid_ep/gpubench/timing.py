@@ -1,0 +1,73 @@
+"""Timers: CUDA-event medians, the HBM roofline, and kernel times from profiler traces."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from .config import ROOFLINE_BYTES
+
+
+# ---- measurement helpers ------------------------------------------------------------------------
+def timed(fn, group):
+    torch.cuda.synchronize()
+    dist.barrier(group)
+    start = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return result, time.perf_counter() - start
+
+
+def event_median(fn, warmup: int, iters: int, busy_before: bool = False) -> float:
+    """Median event time of `fn`. busy_before: keep the GPU busy (~50 us) before the start
+    event, so that the host's launch overhead stays out of a short kernel's time."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if busy_before:
+            torch.cuda._sleep(100_000)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1e-3)
+    return statistics.median(times)
+
+
+def measure_roofline() -> float:
+    """Device-to-device copy bandwidth of this GPU, bytes read + written per second."""
+
+    def measure():
+        src = torch.randint(0, 256, (ROOFLINE_BYTES,), dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        return event_median(lambda: dst.copy_(src), 3, 10)
+
+    seconds = measure()
+    torch.cuda.empty_cache()
+    return 2 * ROOFLINE_BYTES / seconds
+
+
+def kernel_events(trace_path: str) -> list[tuple[float, float, str]]:
+    """(start us, duration us, name) of every GPU kernel in a chrome trace, by start time."""
+    with open(trace_path) as f:
+        trace = json.load(f)
+    events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    kernels = []
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X" or "dur" not in e:
+            continue
+        if e.get("cat", "kernel") != "kernel":
+            continue
+        kernels.append((float(e["ts"]), float(e["dur"]), str(e.get("name", ""))))
+    kernels.sort()
+    return kernels
+
+
+def ours(name: str, kernel: str) -> bool:
+    return kernel in name and "hybrid_ep" in name
