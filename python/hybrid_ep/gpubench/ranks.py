@@ -25,7 +25,7 @@ from .config import (
     make_routing,
     make_tokens,
 )
-from .timing import kernel_events, measure_roofline, ours
+from .timing import is_our_kernel, kernel_events, measure_roofline, time_call
 
 
 # ---- one rank -----------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
         timed = step >= cfg.warmup
 
         def timer(op, fn, timed=timed):
-            value, seconds = timed(fn, group)
+            value, seconds = time_call(fn, group)
             if timed:
                 result.api_s[op].append(seconds)
             return value
@@ -167,7 +167,7 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
         warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for step in range(steps):
-                out = bench.step(base + step, lambda op, fn: timed(fn, group)[0])
+                out = bench.step(base + step, lambda op, fn: time_call(fn, group)[0])
                 if step >= extra:
                     result.kernel_rows.append(out["rows"])
                     result.kernel_copies.append(out["copies"])
@@ -201,8 +201,8 @@ def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int):
     (in that order) and then combine_kernel; events are matched from the end of the session (the
     profiler may miss a few at its start) and the last `iters` of each kept."""
     dispatch_ops = [op for op in ops if OPS[op][1] == "dispatch_kernel"]
-    dispatch = [k for k in kernels if ours(k[2], "dispatch_kernel")]
-    combine = [k for k in kernels if ours(k[2], "combine_kernel")]
+    dispatch = [k for k in kernels if is_our_kernel(k[2], "dispatch_kernel")]
+    combine = [k for k in kernels if is_our_kernel(k[2], "combine_kernel")]
     per_op = {op: [] for op in ops}
     n = len(dispatch_ops)
     for i, event in enumerate(reversed(dispatch)):
@@ -210,7 +210,7 @@ def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int):
     per_op["combine_bf16"] = [k[1] * 1e-6 for k in reversed(combine)]
     for op in ops:
         result.kernel_s[op] = list(reversed(per_op[op][:iters]))
-    preprocess = [k for k in kernels if any(ours(k[2], p) for p in PREPROCESS_KERNELS)]
+    preprocess = [k for k in kernels if any(is_our_kernel(k[2], p) for p in PREPROCESS_KERNELS)]
     if preprocess:
         result.preprocess_kernels_s = sum(k[1] for k in preprocess) * 1e-6 / steps
     if len(dispatch) < n * iters or len(combine) < iters:

@@ -13,7 +13,7 @@ from .config import ROOFLINE_BYTES
 
 
 # ---- measurement helpers ------------------------------------------------------------------------
-def timed(fn, group):
+def time_call(fn, group):
     torch.cuda.synchronize()
     dist.barrier(group)
     start = time.perf_counter()
@@ -69,5 +69,5 @@ def kernel_events(trace_path: str) -> list[tuple[float, float, str]]:
     return kernels
 
 
-def ours(name: str, kernel: str) -> bool:
+def is_our_kernel(name: str, kernel: str) -> bool:
     return kernel in name and "hybrid_ep" in name
