@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
+#include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -238,12 +239,7 @@ void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream) {
   const int prob_bytes = p.out_probs != nullptr && p.probs_by_tma ? p.experts_per_rank * 4 : 0;
   const size_t smem =
       combine_smem_bytes(p.row_bytes, prob_bytes, p.stages, p.chunk, p.domain.ranks);
-  static int configured = 0;  // the attribute is per function; raise it only when needed
-  if (int(smem) > configured) {
-    HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(
-        combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured = int(smem);
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(combine_kernel), smem);
   combine_kernel<<<blocks, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }

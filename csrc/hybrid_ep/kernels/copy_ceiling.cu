@@ -16,9 +16,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/copy_ceiling.h"
 #include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/runtime/device_info.h"
 
 namespace hybrid_ep {
 namespace {
@@ -143,15 +145,6 @@ __global__ void __launch_bounds__(kThreads, 1) copy_ceiling_kernel(CopyCeilingPa
   }
 }
 
-int max_shared_memory() {
-  int device = 0;
-  int bytes = 0;
-  HYBRID_EP_CUDA_CHECK(cudaGetDevice(&device));
-  HYBRID_EP_CUDA_CHECK(
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes;
-}
-
 [[noreturn]] void reject(const std::string& what) {
   throw std::invalid_argument("copy_ceiling: " + what);
 }
@@ -171,7 +164,7 @@ size_t copy_ceiling_smem_bytes(int row_bytes, int stages) {
 int copy_ceiling_max_stages(int row_bytes) {
   if (row_bytes <= 0) reject("row_bytes must be positive");
   const int per_stage = ring_stride(row_bytes) + 2 * int(sizeof(uint64_t));
-  return (max_shared_memory() - 1024) / per_stage;
+  return (max_shared_memory_per_block() - 1024) / per_stage;
 }
 
 void launch_copy_ceiling(const CopyCeilingParams& p, int blocks, cudaStream_t stream) {
@@ -202,12 +195,11 @@ void launch_copy_ceiling(const CopyCeilingParams& p, int blocks, cudaStream_t st
   }
   if (p.rows == 0) return;
   const size_t smem = copy_ceiling_smem_bytes(p.row_bytes, p.stages);
-  if (smem > size_t(max_shared_memory())) {
+  if (smem > size_t(max_shared_memory_per_block())) {
     reject("a ring of " + std::to_string(p.stages) + " rows of " + std::to_string(p.row_bytes) +
            " bytes does not fit in shared memory");
   }
-  HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(
-      copy_ceiling_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_dynamic_smem(reinterpret_cast<const void*>(copy_ceiling_kernel), smem);
   copy_ceiling_kernel<<<blocks, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }

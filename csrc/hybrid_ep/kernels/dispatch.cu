@@ -10,6 +10,7 @@
 // Chunk c belongs to block c % gridDim.x on every rank.
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
+#include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -265,12 +266,7 @@ bool dispatch_side_data_by_tma(const DispatchParams& p) {
 
 void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream) {
   const size_t smem = Smem::bytes(p);
-  static int configured = 0;  // the attribute is per function; raise it only when needed
-  if (int(smem) > configured) {
-    HYBRID_EP_CUDA_CHECK(cudaFuncSetAttribute(
-        dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured = int(smem);
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(dispatch_kernel), smem);
   dispatch_kernel<<<blocks, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }

@@ -31,4 +31,13 @@ int driver_version() noexcept {
   return version;
 }
 
+int max_shared_memory_per_block() {
+  int device = 0;
+  int bytes = 0;
+  HYBRID_EP_CUDA_CHECK(cudaGetDevice(&device));
+  HYBRID_EP_CUDA_CHECK(
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
 }  // namespace hybrid_ep

@@ -13,4 +13,7 @@ int runtime_version();
 // Latest CUDA version the installed driver supports; 0 when there is no driver.
 int driver_version() noexcept;
 
+// Opt-in shared memory per block of the current device (what a ring kernel may use).
+int max_shared_memory_per_block();
+
 }  // namespace hybrid_ep

@@ -4,18 +4,10 @@
 #include <stdexcept>
 
 #include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/runtime/device_info.h"
 
 namespace hybrid_ep {
 namespace {
-
-int max_shared_memory() {
-  int device = 0;
-  int bytes = 0;
-  HYBRID_EP_CUDA_CHECK(cudaGetDevice(&device));
-  HYBRID_EP_CUDA_CHECK(
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes;
-}
 
 // Ring depth: what the config asks for, at least `minimum`, at most what shared memory holds
 // next to `reserved` bytes of other state.
@@ -62,7 +54,7 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_summary_), 2 * sizeof(int64_t),
                                      cudaHostAllocMapped));
   host_summary_[0] = host_summary_[1] = 0;
-  smem_limit_ = max_shared_memory();
+  smem_limit_ = max_shared_memory_per_block();
   HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
