@@ -64,6 +64,9 @@ class HybridEPBuffer:
         experts = v.require_int("num_local_experts", num_local_experts, minimum=1)
         if not isinstance(use_fp8, bool):
             raise TypeError(f"use_fp8: expected a bool, got {use_fp8!r}")
+        if use_fp8 and hidden_dim % v.FP8_BLOCK != 0:
+            raise ValueError(f"hidden_dim={hidden_dim}: use_fp8=True needs a multiple of "
+                             f"{v.FP8_BLOCK} (one fp32 scale per {v.FP8_BLOCK} values)")
         env = EnvSettings.read()
         self._env = env
 
