@@ -68,4 +68,8 @@ echo "== hybrid-ep${extras}"
 run "$py" -m pip install --no-build-isolation ".${extras}"
 
 run "$py" -c 'import hybrid_ep._C as c; print("hybrid_ep._C:", c.build_info())'
+# pyenv only finds new console scripts (hybrid-ep) after a rehash.
+if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
+command -v hybrid-ep >/dev/null 2>&1 ||
+  echo "== note: hybrid-ep is not on PATH here; 'python -m hybrid_ep' runs the same"
 echo "== setup done"
