@@ -18,6 +18,7 @@ from . import validation as v
 from .config import CONFIG_FIELDS, EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth, select_engine
 from .reference import layout as layouts
+from .reference import network
 from .reference.engine import ReferenceEngine
 from .topology import (
     Topology,
@@ -134,6 +135,7 @@ class HybridEPBuffer:
         )
         self._reference = ReferenceEngine(group, self.topology, experts)
         self._cuda_engine = None
+        self._sends = network.TransportStats.with_channels(self.config.num_channels)
 
     # -- attributes of the original class ------------------------------------------------------
     @property
@@ -224,6 +226,7 @@ class HybridEPBuffer:
             layout = handles.layout_from_handle(handle)
             tokens = handle[5] if not permute else handle[8]
             rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens)
+            self._count_sends(engine, layout, tokens, hidden, probs, scaling_factor)
             return rows, layout, tokens, made, None
         while True:
             layout, routing, tokens = self._preprocess(engine, routing_map.contiguous(),
@@ -233,7 +236,33 @@ class HybridEPBuffer:
             except NeedsGrowth as growth:  # found by the CUDA engine after its launches
                 self._grow_tokens(engine, growth.needed)
                 continue
+            self._count_sends(engine, layout, tokens, hidden, probs, scaling_factor)
             return rows, layout, tokens, None, routing
+
+    def _count_sends(self, engine, layout, tokens, hidden, probs, scaling_factor) -> None:
+        """The reference engine models the network leg's puts and signals (reference/network.py);
+        inside one domain nothing crosses the network."""
+        if engine is not self._reference or self.num_of_nodes == 1:
+            return
+        widths = network.RowWidths(
+            row=hidden.shape[1] * hidden.element_size(),
+            probs=(4 * self.config.num_local_experts * self.num_of_hybrid_ep_ranks_per_nvlink_domain
+                   if probs is not None else 0),
+            scales=4 * scaling_factor.shape[1] if scaling_factor is not None else 0)
+        network.count_dispatch_sends(self._sends, layout.attn_to_rdma_map, tokens,
+                                     self.config.num_of_tokens_per_chunk_dispatch_api,
+                                     self.config.num_sms_dispatch_api, widths)
+
+    def transport_stats(self, reset: bool = False) -> dict:
+        """Network counters of this rank's sends since the buffer was built (or last reset):
+        ``{"channels": [{"puts", "signals", "bytes"}, ...], "puts", "signals", "bytes"}``, one
+        entry per channel (HYBRID_EP_NUM_CHANNELS). Dispatch's network leg: one put per maximal
+        run of consecutive tokens per tensor and one signal per (chunk, destination domain).
+        Calls inside one NVLink domain send nothing over the network."""
+        stats = self._sends.as_dict()
+        if reset:
+            self._sends = network.TransportStats.with_channels(self.config.num_channels)
+        return stats
 
     @staticmethod
     def _move_rows(engine, hidden, probs, scaling_factor, layout, tokens):

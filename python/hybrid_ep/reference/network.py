@@ -1,0 +1,87 @@
+"""The network leg of dispatch as the transport performs it: which puts and signals it issues.
+
+A token crosses the network once per destination domain, to the peer with the same local rank
+there. Per (chunk, destination domain) the sender issues one put per maximal run of consecutive
+tokens for each tensor (rows, probs, FP8 scales) — a dense chunk is one run, so one put per
+tensor — and exactly one signal, also when the chunk holds no token for that domain, so the
+receiver never waits forever. Chunk c is sent by block c % blocks on channel block % channels.
+The reference engine counts these operations so that tests (and the CUDA engine's counters)
+have an oracle; DESIGN.md section 5 gives the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+def plan_runs(mask: torch.Tensor) -> list[tuple[int, int]]:
+    """Maximal runs of True in a 1-D bool mask, as (start, length), ascending."""
+    flags = mask.to(torch.int8)
+    edges = torch.diff(flags, prepend=flags.new_zeros(1), append=flags.new_zeros(1))
+    starts = torch.nonzero(edges == 1).flatten().tolist()
+    ends = torch.nonzero(edges == -1).flatten().tolist()
+    return [(s, e - s) for s, e in zip(starts, ends, strict=True)]
+
+
+def restripe_probs(probs: torch.Tensor, nodes: int) -> torch.Tensor:
+    """[T, nodes * E*R] (token-major) -> [nodes, T, E*R] (destination-major), so that the probs
+    of a chunk's tokens for one destination domain are one contiguous block (one put)."""
+    tokens, columns = probs.shape
+    if columns % nodes != 0:
+        raise ValueError(f"probs: {columns} columns do not split into {nodes} domains")
+    return probs.reshape(tokens, nodes, columns // nodes).transpose(0, 1).contiguous()
+
+
+@dataclass
+class ChannelStats:
+    puts: int = 0
+    signals: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class TransportStats:
+    """Cumulative counters per channel of this rank's sends."""
+
+    channels: list[ChannelStats] = field(default_factory=list)
+
+    @staticmethod
+    def with_channels(count: int) -> TransportStats:
+        return TransportStats([ChannelStats() for _ in range(count)])
+
+    def as_dict(self) -> dict:
+        per_channel = [vars(c).copy() for c in self.channels]
+        totals = {key: sum(c[key] for c in per_channel) for key in ("puts", "signals", "bytes")}
+        return {"channels": per_channel, **totals}
+
+
+@dataclass(frozen=True)
+class RowWidths:
+    """Bytes per token of each tensor a put moves (0: the tensor is not sent)."""
+
+    row: int
+    probs: int
+    scales: int
+
+
+def count_dispatch_sends(stats: TransportStats, attn_to_rdma: torch.Tensor, tokens: int,
+                         chunk: int, blocks: int, widths: RowWidths) -> None:
+    """Adds one dispatch's network sends of this rank to ``stats``.
+
+    ``attn_to_rdma`` is the handle's bool [T, N-1] map (this rank's token t goes to the k-th
+    other domain); every chunk of the buffer's T tokens is signalled to every other domain.
+    """
+    channels = len(stats.channels)
+    chunks = -(-tokens // chunk)
+    tensors = [w for w in (widths.row, widths.probs, widths.scales) if w]
+    for c in range(chunks):
+        channel = stats.channels[(c % blocks) % channels]
+        rows = attn_to_rdma[c * chunk:(c + 1) * chunk].cpu()
+        for k in range(rows.shape[1]):
+            runs = plan_runs(rows[:, k])
+            sent = sum(length for _, length in runs)
+            channel.puts += len(runs) * len(tensors)
+            channel.bytes += sent * sum(tensors)
+            channel.signals += 1

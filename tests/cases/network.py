@@ -1,0 +1,64 @@
+"""Rank-side cases for the network counters (HybridEPBuffer.transport_stats)."""
+
+from __future__ import annotations
+
+import torch
+
+from hybrid_ep import HybridEPBuffer
+
+from .common import env, job_group, rank, world
+
+E = 2  # experts per rank
+
+
+def _buffer(R: int, tokens: int, channels: int, use_fp8: bool, hidden: int) -> HybridEPBuffer:
+    with env(HYBRID_EP_NUM_CHANNELS=channels):
+        return HybridEPBuffer(job_group(), hidden, tokens, E, use_fp8=use_fp8,
+                              num_sms_dispatch_api=4,
+                              num_of_hybrid_ep_ranks_per_nvlink_domain=R)
+
+
+def _routing(tokens: int, pattern: str, R: int) -> torch.Tensor:
+    """Bool [tokens, E_total]. dense: every token to one expert on every rank; runs: tokens go
+    to the other domains only where t % 10 < 4 (runs of 4 tokens, also across chunk ends);
+    local: never leaves the domain."""
+    W = world()
+    experts_total = E * W
+    rmap = torch.zeros(tokens, experts_total, dtype=torch.bool)
+    mine = rank() // R
+    for t in range(tokens):
+        for d in range(W):
+            remote = d // R != mine
+            if pattern == "dense" or (pattern == "runs" and (not remote or t % 10 < 4)) or (
+                    pattern == "local" and not remote):
+                rmap[t, d * E + t % E] = True
+    return rmap
+
+
+def expected_runs(tokens: int, chunk: int) -> list[int]:
+    """Runs per chunk of the 'runs' pattern (t % 10 < 4), split at chunk ends."""
+    out = []
+    for c in range(-(-tokens // chunk)):
+        ts = [t for t in range(c * chunk, min((c + 1) * chunk, tokens)) if t % 10 < 4]
+        out.append(sum(1 for i, t in enumerate(ts) if i == 0 or ts[i - 1] != t - 1))
+    return out
+
+
+def dispatch_counters(R: int, pattern: str, dtype: str, with_probs: bool, channels: int,
+                      my_tokens: int, max_tokens: int, calls: int = 1) -> dict:
+    hidden = 256
+    use_fp8 = dtype == "fp8"
+    buf = _buffer(R, max_tokens, channels, use_fp8, hidden)
+    rmap = _routing(my_tokens, pattern, R)
+    if use_fp8:
+        x = torch.randint(0, 256, (my_tokens, hidden), dtype=torch.uint8)
+        scales = torch.rand(my_tokens, hidden // 128)
+    else:
+        x = torch.randn(my_tokens, hidden).to(torch.bfloat16)
+        scales = None
+    probs = torch.where(rmap, 0.5, 0.0) if with_probs else None
+    for _ in range(calls):
+        buf.dispatch(x, scaling_factor=scales, routing_map=rmap, probs=probs)
+    stats = buf.transport_stats(reset=True)
+    assert buf.transport_stats()["puts"] == 0, "reset did not clear the counters"
+    return stats

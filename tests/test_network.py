@@ -1,0 +1,106 @@
+"""The network leg's put plan (reference/network.py) and the counters transport_stats() shows.
+
+Rules (DESIGN.md section 5): per (chunk, destination domain) one put per maximal run of
+consecutive tokens per tensor (dense chunk: one per tensor) and exactly one signal, also for
+chunks with nothing to send; chunk c on channel (c % blocks) % channels.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hybrid_ep.reference.network import plan_runs, restripe_probs
+
+
+def _naive_runs(bits: list[bool]) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for i, bit in enumerate([*bits, False]):
+        if bit and start is None:
+            start = i
+        elif not bit and start is not None:
+            runs.append((start, i - start))
+            start = None
+    return runs
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 63, 64, 65])
+def test_plan_runs_matches_a_plain_loop(length):
+    rng = random.Random(length)
+    masks = [[True] * length, [False] * length]
+    masks += [[rng.random() < p for _ in range(length)] for p in (0.1, 0.5, 0.9) for _ in range(20)]
+    for bits in masks:
+        assert plan_runs(torch.tensor(bits, dtype=torch.bool)) == _naive_runs(bits)
+
+
+def test_restripe_is_destination_major():
+    tokens, nodes, width = 5, 3, 4
+    probs = torch.arange(tokens * nodes * width, dtype=torch.float32).reshape(tokens, -1)
+    striped = restripe_probs(probs, nodes)
+    assert striped.shape == (nodes, tokens, width) and striped.is_contiguous()
+    for n in range(nodes):
+        for t in range(tokens):
+            assert torch.equal(striped[n, t], probs[t, n * width:(n + 1) * width])
+    with pytest.raises(ValueError, match="probs"):
+        restripe_probs(probs[:, :-1], nodes)
+
+
+CHUNK = 64
+
+
+@pytest.mark.parametrize(("dtype", "with_probs", "per_put"),
+                         [("bf16", True, 2), ("fp8", True, 3), ("bf16", False, 1),
+                          ("fp8", False, 2)])
+def test_dense_chunks_cost_one_put_per_tensor_and_one_signal(pools, dtype, with_probs, per_put):
+    tokens, R = 100, 2  # 2 domains x 2 ranks; chunks of 64 and 36 tokens
+    out = pools.run(4, "cases.network", "dispatch_counters", R=R, pattern="dense", dtype=dtype,
+                    with_probs=with_probs, channels=1, my_tokens=tokens, max_tokens=tokens)
+    chunks, destinations = 2, 1
+    row = 256 * (1 if dtype == "fp8" else 2)
+    side = (4 * 2 * R if with_probs else 0) + (4 * 2 if dtype == "fp8" else 0)
+    for stats in out:
+        assert stats["signals"] == chunks * destinations
+        assert stats["puts"] == chunks * destinations * per_put
+        assert stats["bytes"] == tokens * (row + side)
+
+
+def test_sparse_chunks_cost_one_put_per_run(pools):
+    from cases.network import expected_runs
+
+    tokens = 150  # chunks of 64, 64, 22 tokens; runs of 4 tokens every 10, cut at chunk ends
+    out = pools.run(4, "cases.network", "dispatch_counters", R=2, pattern="runs", dtype="bf16",
+                    with_probs=True, channels=1, my_tokens=tokens, max_tokens=tokens)
+    runs = sum(expected_runs(tokens, CHUNK))
+    for stats in out:
+        assert stats["puts"] == 2 * runs and stats["signals"] == 3
+
+
+@pytest.mark.parametrize("W,R", [(4, 1), (8, 2)])
+def test_every_chunk_is_signalled_even_when_empty(pools, W, R):
+    """Local-only routing and a rank with fewer tokens than the buffer: no puts, yet one
+    signal per chunk of the buffer's maximum and per other domain."""
+    max_tokens = 130  # three chunks
+    out = pools.run(W, "cases.network", "dispatch_counters", R=R, pattern="local",
+                    dtype="bf16", with_probs=True, channels=1, my_tokens=10,
+                    max_tokens=max_tokens)
+    for stats in out:
+        assert stats["puts"] == 0 and stats["bytes"] == 0
+        assert stats["signals"] == 3 * (W // R - 1)
+
+
+def test_channels_take_chunks_round_robin_by_block(pools):
+    """4 blocks, 2 channels, 5 chunks: chunk c goes to block c % 4, channel block % 2."""
+    tokens = 300
+    out = pools.run(4, "cases.network", "dispatch_counters", R=2, pattern="dense",
+                    dtype="bf16", with_probs=False, channels=2, my_tokens=tokens,
+                    max_tokens=tokens, calls=2)
+    per_channel = {0: 0, 1: 0}
+    for c in range(5):
+        per_channel[(c % 4) % 2] += 1
+    for stats in out:
+        assert [ch["signals"] for ch in stats["channels"]] == [2 * per_channel[0],
+                                                                 2 * per_channel[1]]
+        assert [ch["puts"] for ch in stats["channels"]] == [2 * per_channel[0],
+                                                              2 * per_channel[1]]
