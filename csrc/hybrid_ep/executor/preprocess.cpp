@@ -15,7 +15,7 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   gather.routing = l.routing;
   gather.token_counts = l.token_counts;
   gather.allgather_flags = l.allgather_flags;
-  launch_allgather(gather, c.ranks, stream);
+  launch_allgather(gather, stream);
 
   MetadataParams meta{};
   meta.domain = gather.domain;
@@ -29,10 +29,7 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   meta.attn_to_rdma_map = call.attn_to_rdma_map;
   meta.num_dispatched_tokens = call.num_dispatched_tokens;
   meta.local_expert_routing_map = call.local_expert_routing_map;
-  int64_t* summary = nullptr;
-  HYBRID_EP_CUDA_CHECK(
-      cudaHostGetDevicePointer(reinterpret_cast<void**>(&summary), runtime.host_summary(), 0));
-  meta.host_summary = summary;
+  meta.host_summary = runtime.device_summary();
   launch_metadata(meta, c.sms_preprocessing, stream);
 }
 

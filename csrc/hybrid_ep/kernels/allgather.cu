@@ -46,7 +46,7 @@ __global__ void allgather_kernel(AllgatherParams p) {
 
 }  // namespace
 
-void launch_allgather(const AllgatherParams& p, int /*blocks*/, cudaStream_t stream) {
+void launch_allgather(const AllgatherParams& p, cudaStream_t stream) {
   allgather_kernel<<<p.domain.ranks, 512, 0, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }

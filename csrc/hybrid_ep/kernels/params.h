@@ -111,7 +111,7 @@ size_t combine_stage_bytes(int row_bytes, int prob_bytes);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
-void launch_allgather(const AllgatherParams& p, int blocks, cudaStream_t stream);
+void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
 void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream);
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream);

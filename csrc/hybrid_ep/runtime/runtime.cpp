@@ -54,6 +54,11 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_summary_), 2 * sizeof(int64_t),
                                      cudaHostAllocMapped));
   host_summary_[0] = host_summary_[1] = 0;
+  // Device addresses of the host-mapped words, looked up once instead of per operation.
+  HYBRID_EP_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_status_), status_, 0));
+  HYBRID_EP_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_summary_), host_summary_, 0));
   smem_limit_ = max_shared_memory_per_block();
   HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -76,27 +81,25 @@ void Runtime::open_peers(const std::vector<std::string>& handles) {
                                 std::to_string(handles.size()));
   }
   buffer_->open_peers(handles, config_.local_rank);
+  // Built once: every launch of every operation passes this view.
+  domain_ = DomainView{};
+  domain_.peers = buffer_->peer_table();
+  domain_.ranks = config_.ranks;
+  domain_.local_rank = config_.local_rank;
+  domain_.node_rank = config_.node_rank;
+  domain_.nodes = config_.nodes;
+  domain_.world = config_.world;
+  domain_.expected = expected_;
+  domain_.flags_begin = layout_.flags_begin;
+  domain_.status = device_status_;
+  domain_.abort = abort_;
+  domain_.timeout_ns = uint64_t(config_.timeout_s * 1e9);
   connected_ = true;
 }
 
-DomainView Runtime::domain() const {
+const DomainView& Runtime::domain() const {
   if (!connected_) throw std::logic_error("Runtime: peers are not opened yet");
-  DomainView d{};
-  d.peers = buffer_->peer_table();
-  d.ranks = config_.ranks;
-  d.local_rank = config_.local_rank;
-  d.node_rank = config_.node_rank;
-  d.nodes = config_.nodes;
-  d.world = config_.world;
-  d.expected = expected_;
-  d.flags_begin = layout_.flags_begin;
-  DeviceStatus* device_status = nullptr;
-  HYBRID_EP_CUDA_CHECK(
-      cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_status), status_, 0));
-  d.status = device_status;
-  d.abort = abort_;
-  d.timeout_ns = uint64_t(config_.timeout_s * 1e9);
-  return d;
+  return domain_;
 }
 
 int Runtime::dispatch_stages(size_t stage_bytes) const {

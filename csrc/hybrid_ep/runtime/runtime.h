@@ -52,10 +52,11 @@ class Runtime {
   void open_peers(const std::vector<std::string>& handles);
   bool connected() const { return connected_; }
 
-  DomainView domain() const;
+  const DomainView& domain() const;
   uint8_t* registered() const { return buffer_->local(); }
   uint64_t* dest_masks() const { return dest_masks_; }
   int64_t* host_summary() const { return host_summary_; }
+  int64_t* device_summary() const { return device_summary_; }  // same words, device address
   DeviceStatus status() const { return *status_; }
   // Resource limits the kernels need (stages clamped to what shared memory holds).
   int dispatch_stages(size_t stage_bytes) const;
@@ -71,6 +72,9 @@ class Runtime {
   DeviceStatus* status_ = nullptr;   // host-mapped
   uint32_t* abort_ = nullptr;        // device word set by a failed wait
   int64_t* host_summary_ = nullptr;  // host-mapped [2]
+  int64_t* device_summary_ = nullptr;
+  DeviceStatus* device_status_ = nullptr;
+  DomainView domain_{};
   int smem_limit_ = 0;
   bool connected_ = false;
 };

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..topology import Topology
-from .comm import all_gather_rows
+from .comm import all_gather_ints, all_gather_rows
 
 
 def forward_to_domain(rows: torch.Tensor, rdma_to_attn: torch.Tensor, tokens: int,
@@ -50,7 +50,7 @@ def reduce_in_domain(rows: torch.Tensor, sparse_to_dense: torch.Tensor, topo: To
     ``rows`` [D_r, X] fp32 on each rank. With ``column_block`` the copy of local rank j only
     contributes its own columns j*block:(j+1)*block (probabilities); otherwise whole rows add up.
     """
-    max_rows = int(_max_over_group(rows.shape[0], group))
+    max_rows = int(all_gather_ints([rows.shape[0]], group).max())
     partial = torch.zeros(sparse_to_dense.shape[0], rows.shape[1], dtype=torch.float32,
                           device=rows.device)
     if max_rows == 0:  # nobody received anything: every partial sum is zero
@@ -95,9 +95,3 @@ def return_to_source(partial: torch.Tensor, rdma_to_attn: torch.Tensor, tokens: 
         else:
             out += piece
     return out
-
-
-def _max_over_group(value: int, group) -> int:
-    from .comm import all_gather_ints
-
-    return int(all_gather_ints([value], group).max())
