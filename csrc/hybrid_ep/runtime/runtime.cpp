@@ -108,11 +108,19 @@ int Runtime::dispatch_stages(size_t stage_bytes) const {
                      smem_limit_);
 }
 
+size_t Runtime::combine_reserved_smem() const {
+  return 2 * sizeof(int32_t) * size_t(config_.combine_chunk) * config_.ranks + 16;
+}
+
 int Runtime::combine_stages(size_t stage) const {
-  // A token's copies (up to one per local rank) must fit at once, plus room to prefetch.
-  const size_t routes = 2 * sizeof(int32_t) * size_t(config_.combine_chunk) * config_.ranks + 16;
+  // A piece's copies (up to one per local rank) must fit at once, plus room to prefetch.
   return ring_stages(std::max(config_.stages_combine, config_.ranks + 1), config_.ranks, stage,
-                     routes, smem_limit_);
+                     combine_reserved_smem(), smem_limit_);
+}
+
+bool Runtime::combine_fits(size_t stage) const {
+  const size_t usable = size_t(smem_limit_) - combine_reserved_smem() - 1024;
+  return usable / stage >= size_t(config_.ranks) + 1;
 }
 
 }  // namespace hybrid_ep

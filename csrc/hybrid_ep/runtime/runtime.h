@@ -61,6 +61,8 @@ class Runtime {
   // Resource limits the kernels need (stages clamped to what shared memory holds).
   int dispatch_stages(size_t stage_bytes) const;
   int combine_stages(size_t stage_bytes) const;
+  // Whether stages of `stage_bytes` leave room for every copy of a piece plus one prefetch.
+  bool combine_fits(size_t stage_bytes) const;
 
  private:
   RuntimeConfig config_;
@@ -75,6 +77,7 @@ class Runtime {
   int64_t* device_summary_ = nullptr;
   DeviceStatus* device_status_ = nullptr;
   DomainView domain_{};
+  size_t combine_reserved_smem() const;
   int smem_limit_ = 0;
   bool connected_ = false;
 };
