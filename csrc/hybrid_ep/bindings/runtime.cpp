@@ -69,12 +69,13 @@ void register_runtime(py::module_& m) {
           [](const Runtime& r) { return py::make_tuple(r.host_summary()[0], r.host_summary()[1]); })
       .def("preprocess",
            [](Runtime& r, uintptr_t routing_map, int num_tokens, uintptr_t s2d, uintptr_t r2a,
-              uintptr_t a2r, uintptr_t num_dispatched, uintptr_t lerm, uintptr_t stream) {
-             run_preprocess(
-                 r,
-                 {ptr<const uint8_t>(routing_map), num_tokens, ptr<int32_t>(s2d), ptr<bool>(r2a),
-                  ptr<bool>(a2r), ptr<int32_t>(num_dispatched), ptr<bool>(lerm)},
-                 stream_of(stream));
+              uintptr_t a2r, uintptr_t num_dispatched, uintptr_t lerm, uintptr_t chunk_layout,
+              uintptr_t stream) {
+             run_preprocess(r,
+                            {ptr<const uint8_t>(routing_map), num_tokens, ptr<int32_t>(s2d),
+                             ptr<bool>(r2a), ptr<bool>(a2r), ptr<int32_t>(num_dispatched),
+                             ptr<bool>(lerm), ptr<int32_t>(chunk_layout)},
+                            stream_of(stream));
            })
       .def("dispatch",
            [](Runtime& r, uintptr_t hidden, uintptr_t probs, uintptr_t scales, uintptr_t s2d,
@@ -93,15 +94,27 @@ void register_runtime(py::module_& m) {
                               row_bytes, scale_cols},
                              stream_of(stream));
            })
-      .def("combine",
-           [](Runtime& r, uintptr_t hidden, uintptr_t probs, int num_rows, int hidden_size,
-              uintptr_t s2d, int num_tokens, uintptr_t out, uintptr_t out_probs, uintptr_t stream) {
-             run_combine(
+      .def("permute",
+           [](Runtime& r, uintptr_t row_source, int num_permuted, int row_bytes, int scale_cols,
+              bool with_probs, int blocks, uintptr_t out, uintptr_t out_probs, uintptr_t out_scales,
+              uintptr_t stream) {
+             run_permute(
                  r,
-                 {ptr<const uint8_t>(hidden), ptr<const float>(probs), num_rows, hidden_size,
-                  ptr<const int32_t>(s2d), num_tokens, ptr<uint16_t>(out), ptr<float>(out_probs)},
+                 {ptr<const int32_t>(row_source), num_permuted, row_bytes, scale_cols, with_probs,
+                  blocks, ptr<uint8_t>(out), ptr<float>(out_probs), ptr<float>(out_scales)},
                  stream_of(stream));
-           });
+           })
+      .def("combine", [](Runtime& r, uintptr_t hidden, uintptr_t probs, bool with_probs,
+                         int num_rows, int hidden_size, uintptr_t s2d, int num_tokens,
+                         uintptr_t out, uintptr_t out_probs, uintptr_t dense_to_expert_map,
+                         uintptr_t num_dispatched, int unpermute_blocks, uintptr_t stream) {
+        run_combine(r,
+                    {ptr<const uint8_t>(hidden), ptr<const float>(probs), with_probs, num_rows,
+                     hidden_size, ptr<const int32_t>(s2d), num_tokens, ptr<uint16_t>(out),
+                     ptr<float>(out_probs), ptr<const int32_t>(dense_to_expert_map),
+                     ptr<const int32_t>(num_dispatched), unpermute_blocks},
+                    stream_of(stream));
+      });
 }
 
 }  // namespace hybrid_ep

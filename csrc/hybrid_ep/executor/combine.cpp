@@ -2,40 +2,75 @@
 #include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
+namespace {
+
+// Copies this rank's combine input into its registered buffer: the rows as they are, or (the
+// unpermute path) every dispatch row's fp32 sum of its expert outputs.
+void stage_rows(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
+  const RuntimeConfig& c = runtime.config();
+  const BufferLayout& l = runtime.layout();
+  const BufferShape& s = runtime.shape();
+  uint8_t* base = runtime.registered();
+  if (call.dense_to_expert_map != nullptr) {
+    UnpermuteParams u{};
+    u.hidden = reinterpret_cast<const uint16_t*>(call.hidden);
+    u.probs = call.probs;
+    u.dense_to_expert_map = call.dense_to_expert_map;
+    u.num_dispatched = call.num_dispatched;
+    u.hidden_size = call.hidden_size;
+    u.experts_per_rank = c.experts_per_rank;
+    u.prob_cols = int(s.prob_cols());
+    u.prob_col_offset = c.local_rank * c.experts_per_rank;
+    u.dense = reinterpret_cast<float*>(base + l.combine_rows);
+    u.dense_probs = call.with_probs ? reinterpret_cast<float*>(base + l.combine_probs) : nullptr;
+    launch_unpermute(u, call.unpermute_blocks, stream);
+    return;
+  }
+  if (call.num_rows == 0) return;
+  const int row_bytes = call.hidden_size * 2;
+  HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.combine_rows, call.hidden,
+                                       size_t(call.num_rows) * row_bytes, cudaMemcpyDeviceToDevice,
+                                       stream));
+  if (call.probs != nullptr) {
+    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.combine_probs, call.probs,
+                                         size_t(call.num_rows) * s.prob_cols() * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+}  // namespace
 
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
   const BarrierParams barrier{runtime.domain(), l.barrier_flags};
-  const int row_bytes = call.hidden_size * 2;
   // Peers may still be pulling from this rank's combine buffer (an earlier combine).
   launch_domain_barrier(barrier, stream);
-  uint8_t* base = runtime.registered();
-  if (call.num_rows > 0) {
-    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.combine_rows, call.hidden,
-                                         size_t(call.num_rows) * row_bytes,
-                                         cudaMemcpyDeviceToDevice, stream));
-    if (call.probs != nullptr) {
-      HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.combine_probs, call.probs,
-                                           size_t(call.num_rows) * s.prob_cols() * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, stream));
-    }
-  }
+  stage_rows(runtime, call, stream);
   // Every peer's rows are staged before anyone pulls.
   launch_domain_barrier(barrier, stream);
   CombineParams p{};
   p.domain = barrier.domain;
   p.sparse_to_dense_map = call.sparse_to_dense_map;
   p.num_tokens = call.num_tokens;
-  p.row_bytes = row_bytes;
   p.hidden = call.hidden_size;
+  p.fp32_input = call.dense_to_expert_map != nullptr;
   p.prob_cols = int(s.prob_cols());
   p.experts_per_rank = c.experts_per_rank;
   p.chunk = c.combine_chunk;
   const int prob_bytes =
       call.out_probs != nullptr && (c.experts_per_rank * 4) % 16 == 0 ? c.experts_per_rank * 4 : 0;
-  p.stages = runtime.combine_stages(combine_stage_bytes(row_bytes, prob_bytes));
+  // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
+  const int element_bytes = p.fp32_input ? 4 : 2;
+  p.pieces = 1;
+  while (
+      !runtime.combine_fits(combine_stage_bytes(p.hidden / p.pieces * element_bytes, prob_bytes)) &&
+      p.hidden % (16 * p.pieces) == 0) {
+    p.pieces *= 2;
+  }
+  p.stages =
+      runtime.combine_stages(combine_stage_bytes(p.hidden / p.pieces * element_bytes, prob_bytes));
   p.combine_rows = l.combine_rows;
   p.combine_probs = l.combine_probs;
   p.out = call.out;

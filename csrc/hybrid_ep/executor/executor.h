@@ -19,6 +19,7 @@ struct PreprocessCall {
   bool* attn_to_rdma_map;
   int32_t* num_dispatched_tokens;
   bool* local_expert_routing_map;
+  int32_t* dense_chunk_layout;  // [W*C + 1] or null
 };
 
 // All-gather the routing over the domain, then the metadata kernels. Afterwards
@@ -52,18 +53,43 @@ struct DispatchOutput {
 // Copies this rank's received rows out of the registered buffer into the caller's tensors.
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream);
 
+struct PermuteCall {
+  const int32_t* row_source;  // [num_permuted]: dispatch row * E + expert, or -1 (zero row)
+  int num_permuted;
+  int row_bytes;
+  int scale_cols;
+  bool with_probs;
+  int blocks;
+  uint8_t* out;       // [num_permuted, row_bytes]
+  float* out_probs;   // [num_permuted] or null
+  float* out_scales;  // [num_permuted, scale_cols] or null
+};
+
+// Gathers this rank's received rows (still in its registered buffer) into expert-major order.
+void run_permute(Runtime& runtime, const PermuteCall& call, cudaStream_t stream);
+
 struct CombineCall {
-  const uint8_t* hidden;  // bf16 [num_rows, H]: this rank's expert outputs (dispatch order)
-  const float* probs;     // [num_rows, E*R] or null
+  // bf16 [num_rows, H]: this rank's expert outputs, in dispatch order, or in permuted order
+  // when dense_to_expert_map is given (then probs are [num_rows]).
+  const uint8_t* hidden;
+  const float* probs;  // [num_rows, E*R] (or [num_rows], permuted) or null
+  // Whether probs were passed. Not keyed on the pointers: an empty tensor (no rows here, or
+  // no tokens of this rank) has a null data pointer, yet its peers still read the staged probs.
+  bool with_probs;
   int num_rows;
   int hidden_size;
   const int32_t* sparse_to_dense_map;
   int num_tokens;    // tokens of this rank (rows of the outputs)
   uint16_t* out;     // bf16 [num_tokens, H]
   float* out_probs;  // [num_tokens, E_total] or null
+  // Unpermute first: handle entries 6 and 3 (dense_to_expert_map, num_dispatched_tokens).
+  const int32_t* dense_to_expert_map;
+  const int32_t* num_dispatched;
+  int unpermute_blocks;
 };
 
-// Barrier, stage this rank's rows into its registered buffer, barrier, pull-and-reduce kernel.
+// Barrier, stage this rank's rows into its registered buffer (a copy, or the fp32 unpermute
+// sums), barrier, pull-and-reduce kernel.
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
 }  // namespace hybrid_ep

@@ -29,6 +29,8 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   meta.attn_to_rdma_map = call.attn_to_rdma_map;
   meta.num_dispatched_tokens = call.num_dispatched_tokens;
   meta.local_expert_routing_map = call.local_expert_routing_map;
+  meta.dense_chunk_layout = call.dense_chunk_layout;
+  meta.chunk = c.dispatch_chunk;
   meta.host_summary = runtime.device_summary();
   launch_metadata(meta, c.sms_preprocessing, stream);
 }

@@ -1,7 +1,8 @@
 // Metadata preprocessing: from the gathered routing, the handle's maps (docs/semantics.md).
 // Pass 1 (many blocks): one destination-rank bit mask per token. Pass 2 (one block per
 // destination rank of this domain, in parallel): a block-wide exclusive scan over all tokens
-// in source order gives every token's row there; one more block writes the domain-level maps.
+// in source order gives every token's row there (and, for this rank, the first row of every
+// source chunk: the dense chunk layout); one more block writes the domain-level maps.
 #include <cub/block/block_scan.cuh>
 
 #include "hybrid_ep/kernels/params.h"
@@ -122,6 +123,10 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
         const int64_t forwarded = int64_t(source / d.ranks) * T + t;
         p.sparse_to_dense_map[forwarded * d.ranks + j] = hit ? row : -1;
       }
+      if (dest == me && p.dense_chunk_layout != nullptr && t % p.chunk == 0) {
+        const int chunks = (T + p.chunk - 1) / p.chunk;
+        p.dense_chunk_layout[int64_t(source) * chunks + t / p.chunk] = row;
+      }
       if (hit && dest == me) {
         const uint8_t* experts = p.routing + i * routing_cols + int64_t(me) * E;
         bool* out = p.local_expert_routing_map + int64_t(row) * E;
@@ -134,6 +139,9 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
     __syncthreads();
   }
   if (dest == me && threadIdx.x == 0) {
+    if (p.dense_chunk_layout != nullptr) {
+      p.dense_chunk_layout[int64_t(d.world) * ((T + p.chunk - 1) / p.chunk)] = running;
+    }
     p.num_dispatched_tokens[0] = running;
     p.host_summary[0] = running;
   }

@@ -64,6 +64,8 @@ struct MetadataParams {
   bool* attn_to_rdma_map;          // [T, N-1]
   int32_t* num_dispatched_tokens;  // [1]
   bool* local_expert_routing_map;  // [W*T, E], zero-filled beforehand
+  int32_t* dense_chunk_layout;     // [W*C + 1]: first row of each (source, chunk), then D
+  int chunk;                       // dispatch tokens per chunk (C = ceil(T / chunk))
   int64_t* host_summary;           // host-mapped [2]: dispatched rows, largest token count
 };
 
@@ -91,9 +93,10 @@ struct CombineParams {
   DomainView domain;
   const int32_t* sparse_to_dense_map;  // [T, R]
   int num_tokens;
-  int row_bytes;  // BF16 rows: 2 * H
   int hidden;
-  int prob_cols;  // E*R
+  int pieces;       // each row moves as this many equal column ranges (hidden / pieces % 8 == 0)
+  bool fp32_input;  // the staged rows are fp32 (unpermuted sums), else BF16
+  int prob_cols;    // E*R
   int experts_per_rank;
   int chunk;
   int stages;
@@ -103,11 +106,44 @@ struct CombineParams {
   float* out_probs;                    // [num_tokens, E_total] or null
 };
 
+// Permute: output row o of the expert-major layout gathers dispatch row i for expert e, where
+// row_source[o] = i * E + e, or is zero (padding, or past the data) where it is -1.
+struct PermuteParams {
+  const uint8_t* rows;        // this rank's received rows (registered), [D, row_bytes]
+  const float* probs;         // [D, prob_cols] or null
+  const float* scales;        // [D, scale_cols] or null
+  const int32_t* row_source;  // [num_permuted]
+  int num_permuted;           // P
+  int row_bytes;
+  int prob_cols;        // E*R
+  int prob_col_offset;  // local_rank * E: this rank's columns
+  int experts_per_rank;
+  int scale_cols;
+  uint8_t* out;       // [P, row_bytes]
+  float* out_probs;   // [P] or null
+  float* out_scales;  // [P, scale_cols] or null
+};
+
+// Unpermute: dense row i < D (read on the device) is the fp32 sum, ascending expert, of the
+// permuted rows dense_to_expert_map[i, e] >= 0; written into the registered combine region.
+struct UnpermuteParams {
+  const uint16_t* hidden;              // bf16 [P, H]
+  const float* probs;                  // [P] or null
+  const int32_t* dense_to_expert_map;  // [rows, E]
+  const int32_t* num_dispatched;       // device [1]: D
+  int hidden_size;                     // H
+  int experts_per_rank;
+  int prob_cols;        // E*R
+  int prob_col_offset;  // local_rank * E
+  float* dense;         // fp32 [D, H]
+  float* dense_probs;   // [D, prob_cols] (only this rank's columns are written) or null
+};
+
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.
 int dispatch_min_stages();
 size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
 bool dispatch_side_data_by_tma(const DispatchParams& p);
-size_t combine_stage_bytes(int row_bytes, int prob_bytes);
+size_t combine_stage_bytes(int piece_bytes, int prob_bytes);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
@@ -115,5 +151,7 @@ void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
 void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream);
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream);
+void launch_permute(const PermuteParams& p, int blocks, cudaStream_t stream);
+void launch_unpermute(const UnpermuteParams& p, int blocks, cudaStream_t stream);
 
 }  // namespace hybrid_ep

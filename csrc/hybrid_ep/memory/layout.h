@@ -29,7 +29,8 @@ struct BufferLayout {
   size_t dispatch_rows;    // [W*T, row bytes]: rows dispatched to this rank
   size_t dispatch_probs;   // fp32 [W*T, E*R]
   size_t dispatch_scales;  // fp32 [W*T, H/128]
-  size_t combine_rows;     // [W*T, row bytes]: this rank's combine input, pulled by peers
+  size_t combine_rows;     // [W*T, 2 x row bytes]: this rank's combine input (BF16 rows, or the
+                           // fp32 sums of the unpermute path), pulled by peers
   size_t combine_probs;    // fp32 [W*T, E*R]
   size_t barrier_flags;    // uint64 [R]: one per sending local rank
   size_t allgather_flags;  // uint64 [R]
@@ -53,7 +54,7 @@ struct BufferLayout {
     l.dispatch_rows = take(rows * s.max_row_bytes);
     l.dispatch_probs = take(rows * s.prob_cols() * sizeof(float));
     l.dispatch_scales = take(rows * s.max_scale_cols * sizeof(float));
-    l.combine_rows = take(rows * s.max_row_bytes);
+    l.combine_rows = take(rows * s.max_row_bytes * 2);
     l.combine_probs = take(rows * s.prob_cols() * sizeof(float));
     l.flags_begin = at;
     l.barrier_flags = take(sizeof(uint64_t) * s.ranks);

@@ -1,0 +1,49 @@
+// Permute: the received rows (still in this rank's registered buffer) into the expert-major
+// layout. A gather, one warp per output row: every output row is written exactly once (the
+// row, or zeros for padding and for the tail past the data), so no memset pass is needed.
+#include <algorithm>
+
+#include "hybrid_ep/kernels/params.h"
+#include "hybrid_ep/runtime/cuda_check.h"
+
+namespace hybrid_ep {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads) permute_kernel(PermuteParams p) {
+  const int lane = threadIdx.x % 32;
+  const int warps = gridDim.x * (kThreads / 32);
+  const int vectors = p.row_bytes / 16;
+  for (int o = blockIdx.x * (kThreads / 32) + threadIdx.x / 32; o < p.num_permuted; o += warps) {
+    const int source = p.row_source[o];
+    const int64_t i = source >= 0 ? source / p.experts_per_rank : -1;
+    uint4* dst = reinterpret_cast<uint4*>(p.out + int64_t(o) * p.row_bytes);
+    if (i >= 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(p.rows + i * p.row_bytes);
+      for (int v = lane; v < vectors; v += 32) dst[v] = src[v];
+    } else {
+      for (int v = lane; v < vectors; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
+    }
+    if (p.out_probs != nullptr && lane == 0) {
+      const int e = source % p.experts_per_rank;
+      p.out_probs[o] = i >= 0 ? p.probs[i * p.prob_cols + p.prob_col_offset + e] : 0.f;
+    }
+    if (p.out_scales != nullptr) {
+      for (int c = lane; c < p.scale_cols; c += 32) {
+        p.out_scales[int64_t(o) * p.scale_cols + c] = i >= 0 ? p.scales[i * p.scale_cols + c] : 0.f;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void launch_permute(const PermuteParams& p, int blocks, cudaStream_t stream) {
+  if (p.num_permuted == 0) return;
+  blocks = std::max(1, std::min(blocks, (p.num_permuted + kThreads / 32 - 1) / (kThreads / 32)));
+  permute_kernel<<<blocks, kThreads, 0, stream>>>(p);
+  HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace hybrid_ep
