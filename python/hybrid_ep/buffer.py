@@ -195,13 +195,15 @@ class HybridEPBuffer:
         self.config = self.config.replace(max_num_of_tokens_per_rank=needed)
         engine.grow(self.config)
 
-    def _preprocess(self, engine, routing_map: torch.Tensor, *, non_blocking: bool):
+    def _preprocess(self, engine, routing_map: torch.Tensor, *, non_blocking: bool,
+                    permute: bool):
         """Gather the routing and build the layout; blocking calls agree on the token maximum
         with the other ranks and grow the buffer collectively when a rank has more tokens."""
         while True:
             tokens = self.config.max_num_of_tokens_per_rank
             layout, routing, needed = engine.preprocess(routing_map, tokens,
-                                                        blocking=not non_blocking)
+                                                        blocking=not non_blocking,
+                                                        expert_counts=permute)
             if needed <= tokens:
                 return layout, routing, tokens
             # Every rank saw the same gathered counts, so every rank grows here together.
@@ -225,14 +227,16 @@ class HybridEPBuffer:
                                  f"{made.num_tokens} tokens on this rank")
             layout = handles.layout_from_handle(handle)
             tokens = handle[5] if not permute else handle[8]
-            rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens)
+            rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens,
+                                   keep_in_buffer=permute)
             self._count_sends(engine, layout, tokens, hidden, probs, scaling_factor)
             return rows, layout, tokens, made, None
         while True:
             layout, routing, tokens = self._preprocess(engine, routing_map.contiguous(),
-                                                       non_blocking=non_blocking)
+                                                       non_blocking=non_blocking, permute=permute)
             try:
-                rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens)
+                rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens,
+                                       keep_in_buffer=permute)
             except NeedsGrowth as growth:  # found by the CUDA engine after its launches
                 self._grow_tokens(engine, growth.needed)
                 continue
@@ -265,15 +269,20 @@ class HybridEPBuffer:
         return stats
 
     @staticmethod
-    def _move_rows(engine, hidden, probs, scaling_factor, layout, tokens):
+    def _move_rows(engine, hidden, probs, scaling_factor, layout, tokens, *,
+                   keep_in_buffer: bool):
+        """The rows a rank receives; with ``keep_in_buffer`` an engine may leave them where the
+        permute step reads them (the CUDA engine's registered buffer) instead of tensors."""
         return engine.dispatch(hidden.contiguous(),
                                probs.contiguous() if probs is not None else None,
                                scaling_factor.contiguous() if scaling_factor is not None
-                               else None, layout, tokens)
+                               else None, layout, tokens, keep_in_buffer=keep_in_buffer)
 
     @staticmethod
-    def _check_dispatched_count(value, actual: int):
-        if value is None:
+    def _check_dispatched_count(value, actual: int | None):
+        """``actual`` is None in the CUDA engine's non-blocking mode (the count stays on the
+        device), where the given value cannot be checked without a host synchronisation."""
+        if value is None or actual is None:
             return
         value = v.require_int("num_dispatched_tokens", value)
         if value != actual:
@@ -342,7 +351,6 @@ class HybridEPBuffer:
                               num_dispatched_tokens=None, use_host_meta=None):
         is_fp8 = self._input_rows(hidden, allow_fp8=True, use_fp8=use_fp8)
         engine = self._engine(hidden)
-        _require_permute(engine)
         if num_of_experts_per_rank is not None:
             per_rank = v.require_int("num_of_experts_per_rank", num_of_experts_per_rank,
                                      minimum=1)
@@ -383,17 +391,21 @@ class HybridEPBuffer:
             routing_map=routing_map, handle=handle, permute=True,
             caller="dispatch_with_permute", non_blocking=non_blocking)
         self._check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
-        plan = layouts.permute_layout(layout.local_expert_routing_map,
-                                      layout.num_dispatched_tokens, pad, budget)
+        plan = engine.permute_plan(layout, pad, budget)
         out, out_probs, out_scales = engine.permute(rows, row_probs, row_scales, plan)
 
         device = hidden.device
-        overflow = torch.tensor([int(plan.overflow)], dtype=torch.int32, device=device)
+        if isinstance(plan.overflow, torch.Tensor):
+            overflow = plan.overflow.to(device=device, dtype=torch.int32).reshape(1)
+        else:
+            overflow = torch.tensor([int(plan.overflow)], dtype=torch.int32, device=device)
         if handle is not None and plan.num_permuted_tokens == made.num_permuted_tokens:
             handle[10].copy_(overflow)
         else:
             if handle is not None:
                 chunk_layout = handle[5]
+            elif layout.dense_chunk_layout is not None:
+                chunk_layout = layout.dense_chunk_layout
             else:
                 chunk_layout = layouts.dense_chunk_layout(
                     routing, self.topology, self.config.num_local_experts,
@@ -411,7 +423,7 @@ class HybridEPBuffer:
         if non_blocking:
             tokens_per_expert = tokens_per_expert.to(device)
         elif device.type == "cuda":
-            tokens_per_expert = tokens_per_expert.pin_memory()
+            tokens_per_expert = tokens_per_expert.cpu().pin_memory()
         return out, out_probs, out_scales, tokens_per_expert, handle
 
     def combine_with_unpermute(self, *, hidden, probs=None, handle=None, pad_multiple=None,
@@ -431,12 +443,11 @@ class HybridEPBuffer:
         self._check_combine_input(hidden, probs, made.num_permuted_tokens,
                                   probs_shape=(made.num_permuted_tokens,))
         engine = self._engine(hidden)
-        _require_permute(engine)
         layout = handles.layout_from_handle(handle)
-        dense, dense_probs = engine.unpermute(hidden.contiguous(),
-                                              probs.contiguous() if probs is not None else None,
-                                              handle[6], made.num_dispatched_tokens)
-        return engine.combine(dense, dense_probs, layout, handle[8], made.num_tokens)
+        return engine.unpermute_combine(hidden.contiguous(),
+                                        probs.contiguous() if probs is not None else None,
+                                        layout, handle[6], made.num_dispatched_tokens, handle[8],
+                                        made.num_tokens)
 
     # -- configuration ---------------------------------------------------------------------------
     def update_template_config(self, hidden_dim=None, num_of_tokens_per_rank=None,
@@ -494,14 +505,6 @@ class HybridEPBuffer:
         kernels = self._env.cache_dir / "kernels"
         if kernels.is_dir():
             shutil.rmtree(kernels)
-
-
-def _require_permute(engine) -> None:
-    if not getattr(engine, "supports_permute", True):
-        raise NotImplementedError(
-            "hidden: the permuted variants on CUDA tensors are not part of this build yet (they "
-            "arrive with the CUDA permute kernels); HYBRID_EP_ENGINE=reference runs them on the "
-            "reference engine meanwhile")
 
 
 def _check_handle_device(handle, hidden: torch.Tensor) -> None:

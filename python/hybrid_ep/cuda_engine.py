@@ -13,7 +13,8 @@ import torch
 from . import native
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
-from .reference.layout import DispatchLayout, ceil_div
+from .permute_plan import device_permute_layout, padded_counts
+from .reference.layout import DispatchLayout, PermuteLayout, ceil_div
 from .topology import Topology, gather_objects
 
 _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag"}
@@ -23,9 +24,20 @@ class HybridEPTimeoutError(RuntimeError):
     """A GPU wait for a peer gave up: a peer died, hung, or called a different operation."""
 
 
+class StagedRows:
+    """Dispatched rows left in the registered buffer for the permute kernel to gather."""
+
+    def __init__(self, row_bytes: int, cols: int, dtype: torch.dtype, scale_cols: int,
+                 with_probs: bool):
+        self.row_bytes = row_bytes
+        self.cols = cols
+        self.dtype = dtype
+        self.scale_cols = scale_cols
+        self.with_probs = with_probs
+
+
 class CudaEngine:
     name = "cuda"
-    supports_permute = False
 
     def __init__(self, group, topo: Topology, config: HybridEPConfig, env: EnvSettings,
                  use_mnnvl: bool):
@@ -44,8 +56,13 @@ class CudaEngine:
         self.use_mnnvl = use_mnnvl
         self.experts = config.num_local_experts
         self.device = torch.device("cuda", torch.cuda.current_device())
-        self._fresh_layout = False
+        self._fresh_layout = False  # a blocking preprocess's summary is still to be read
+        self._preprocessed = False  # the dispatch follows its preprocess (no barrier needed)
         self._summary_ready = torch.cuda.Event()
+        self._expert_counts = torch.empty(config.num_local_experts, dtype=torch.int32,
+                                          pin_memory=True)
+        self._counts_pending = False
+        self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self._connect(config)
 
     # -- lifetime --------------------------------------------------------------------------------
@@ -132,10 +149,12 @@ class CudaEngine:
         return torch.cuda.current_stream().cuda_stream
 
     # -- preprocessing ---------------------------------------------------------------------------
-    def preprocess(self, routing_map: torch.Tensor, tokens: int, blocking: bool = True):
-        if not blocking:
-            raise NotImplementedError("non-blocking calls on CUDA tensors arrive with the permute "
-                                      "issue of the CUDA engine")
+    def preprocess(self, routing_map: torch.Tensor, tokens: int, blocking: bool = True,
+                   expert_counts: bool = False):
+        """Launches the routing all-gather and the metadata kernels. Blocking calls read the
+        dispatched count (and, with ``expert_counts``, the rows per local expert that size a
+        permuted output) at their one host synchronisation, after the dispatch launch; a
+        non-blocking call never waits and leaves the count on the device."""
         self.check_status()
         if tokens != self.config.max_num_of_tokens_per_rank:
             raise RuntimeError(f"internal: preprocess for {tokens} tokens on a buffer of "
@@ -149,14 +168,22 @@ class CudaEngine:
         a2r = torch.zeros(T, topo.num_of_nodes - 1, dtype=torch.bool, device=dev)
         ndt = torch.empty(1, dtype=torch.int32, device=dev)
         lerm = torch.zeros(T * topo.group_size, E, dtype=torch.bool, device=dev)
+        chunks = ceil_div(T, self.config.num_of_tokens_per_chunk_dispatch_api)
+        chunk_layout = torch.empty(topo.group_size * chunks + 1, dtype=torch.int32, device=dev)
         rmap = routing_map.contiguous()
         self.runtime.preprocess(rmap.data_ptr(), rmap.shape[0], s2d.data_ptr(), r2a.data_ptr(),
-                                a2r.data_ptr(), ndt.data_ptr(), lerm.data_ptr(), self._stream())
-        # The dispatched count and the token maximum are read after the dispatch kernel is
-        # launched (see dispatch), so the host wait overlaps the data movement.
-        self._summary_ready.record()
-        self._fresh_layout = True
-        layout = DispatchLayout(s2d, r2a, a2r, ndt, lerm, None)
+                                a2r.data_ptr(), ndt.data_ptr(), lerm.data_ptr(),
+                                chunk_layout.data_ptr(), self._stream())
+        self._counts_pending = blocking and expert_counts
+        if self._counts_pending:
+            self._expert_counts.copy_(lerm.sum(0, dtype=torch.int32), non_blocking=True)
+        layout = DispatchLayout(s2d, r2a, a2r, ndt, lerm, None, dense_chunk_layout=chunk_layout)
+        self._preprocessed = True
+        if blocking:
+            # The dispatched count and the token maximum are read after the dispatch kernel is
+            # launched (see dispatch), so the host wait overlaps the data movement.
+            self._summary_ready.record()
+            self._fresh_layout = True
         return layout, None, tokens
 
     def _read_summary(self, layout: DispatchLayout) -> None:
@@ -169,9 +196,15 @@ class CudaEngine:
         if needed > self.config.max_num_of_tokens_per_rank:
             raise NeedsGrowth(int(needed))
         layout.num_dispatched_tokens = int(dispatched)
+        if self._counts_pending:
+            layout.expert_counts = self._expert_counts.clone()
+            self._counts_pending = False
 
     # -- dispatch / combine ----------------------------------------------------------------------
-    def dispatch(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int):
+    def dispatch(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int,
+                 keep_in_buffer: bool = False):
+        """Rows to every destination's registered buffer; then copied out into new tensors, or
+        (``keep_in_buffer``, the permute path) left there for the permute kernel."""
         self.check_status()
         self._check_device(hidden)
         row_bytes = self._row_bytes(hidden)
@@ -181,10 +214,15 @@ class CudaEngine:
         stream = self._stream()
         self.runtime.dispatch(hidden.data_ptr(), _ptr(probs), _ptr(scaling_factor),
                               layout.sparse_to_dense_map.data_ptr(), hidden.shape[0], row_bytes,
-                              scale_cols, not self._fresh_layout, stream)
+                              scale_cols, not self._preprocessed, stream)
         if self._fresh_layout:
             self._read_summary(layout)
         self._fresh_layout = False
+        self._preprocessed = False
+        if keep_in_buffer:
+            staged = StagedRows(row_bytes, hidden.shape[1], hidden.dtype, scale_cols,
+                                probs is not None)
+            return staged, None, None
         rows = layout.num_dispatched_tokens
         out = torch.empty(rows, hidden.shape[1], dtype=hidden.dtype, device=self.device)
         out_probs = None
@@ -202,25 +240,72 @@ class CudaEngine:
         self.check_status()
         self._check_device(hidden)
         if hidden.dtype != torch.bfloat16:
-            raise NotImplementedError("the CUDA combine takes BF16 rows (fp32 unpermuted rows "
-                                      "arrive with the permute issue)")
+            raise ValueError(f"hidden: {hidden.dtype} rows; the CUDA combine takes BF16 rows")
         self._row_bytes(hidden)
+        return self._combine(hidden, probs, layout, num_tokens, None)
+
+    def _combine(self, hidden, probs, layout: DispatchLayout, num_tokens: int,
+                 dense_to_expert_map):
         self._fresh_layout = False
+        self._preprocessed = False
         out = torch.empty(num_tokens, hidden.shape[1], dtype=torch.bfloat16, device=self.device)
         out_probs = None
         if probs is not None:
             out_probs = torch.empty(num_tokens, self.experts * self.topo.group_size,
                                     dtype=torch.float32, device=self.device)
-        self.runtime.combine(hidden.data_ptr(), _ptr(probs), hidden.shape[0], hidden.shape[1],
+        unpermute = dense_to_expert_map is not None
+        self.runtime.combine(hidden.data_ptr(), _ptr(probs), probs is not None, hidden.shape[0],
+                             hidden.shape[1],
                              layout.sparse_to_dense_map.data_ptr(), num_tokens, out.data_ptr(),
-                             _ptr(out_probs), self._stream())
+                             _ptr(out_probs),
+                             dense_to_expert_map.data_ptr() if unpermute else 0,
+                             layout.num_dispatched_tokens_tensor.data_ptr() if unpermute else 0,
+                             2 * self._sms, self._stream())
         return out, out_probs
 
-    def permute(self, *args, **kwargs):
-        raise NotImplementedError("dispatch_with_permute on CUDA tensors arrives with the "
-                                  "permute issue; HYBRID_EP_ENGINE=reference runs it meanwhile")
+    # -- permute / unpermute ---------------------------------------------------------------------
+    def permute_plan(self, layout: DispatchLayout, pad_multiple: int,
+                     num_permuted_tokens: int | None) -> PermuteLayout:
+        """The permuted layout on the device. Blocking calls size the output from the rows per
+        expert read at their one synchronisation (a reused handle reads them here), and get
+        ``tokens_per_expert`` computed on the host; non-blocking calls never touch the host."""
+        lerm = layout.local_expert_routing_map
+        counts = layout.expert_counts
+        if counts is None and num_permuted_tokens is None:  # blocking, with a reused handle
+            counts = lerm.sum(0, dtype=torch.int32).cpu()
+        padded = padded_counts(counts, pad_multiple) if counts is not None else None
+        if num_permuted_tokens is None:
+            num_permuted_tokens = int(padded.sum())
+        plan = device_permute_layout(lerm, pad_multiple, num_permuted_tokens)
+        if padded is not None:
+            offsets = padded.cumsum(0) - padded
+            present = (num_permuted_tokens - offsets).clamp(min=0)
+            plan.padded_tokens_per_expert = torch.minimum(present, padded).to(torch.int64)
+        return plan
 
-    unpermute = permute
+    def permute(self, rows: StagedRows, probs, scaling_factor, plan: PermuteLayout):
+        """Gathers the staged rows into expert-major order (zero rows for padding)."""
+        P = plan.num_permuted_tokens
+        out = torch.empty(P, rows.cols, dtype=rows.dtype, device=self.device)
+        out_probs = (torch.empty(P, dtype=torch.float32, device=self.device)
+                     if rows.with_probs else None)
+        out_scales = (torch.empty(P, rows.scale_cols, dtype=torch.float32, device=self.device)
+                      if rows.scale_cols else None)
+        self.runtime.permute(plan.row_source.data_ptr(), P, rows.row_bytes, rows.scale_cols,
+                             rows.with_probs, 2 * self._sms, out.data_ptr(), _ptr(out_probs),
+                             _ptr(out_scales), self._stream())
+        return out, out_probs, out_scales
+
+    def unpermute_combine(self, hidden, probs, layout: DispatchLayout, dense_to_expert_map,
+                          num_dispatched: int | None, tokens: int, num_tokens: int):
+        """Expert outputs in permuted order -> fp32 sums per dispatch row, written straight
+        into the registered buffer (no rounding in between), then combine."""
+        self.check_status()
+        self._check_device(hidden)
+        if hidden.dtype != torch.bfloat16:
+            raise ValueError(f"hidden: {hidden.dtype} rows; the CUDA combine takes BF16 rows")
+        self._row_bytes(hidden)
+        return self._combine(hidden, probs, layout, num_tokens, dense_to_expert_map.contiguous())
 
 
 def _ptr(tensor) -> int:

@@ -23,8 +23,10 @@ class ReferenceEngine:
         self.experts = experts_per_rank
 
     # -- collectives of a call -------------------------------------------------------------
-    def preprocess(self, routing_map: torch.Tensor, tokens: int, blocking: bool = True):
-        """All-gather the routing (padded to ``tokens`` rows) and derive this rank's layout.
+    def preprocess(self, routing_map: torch.Tensor, tokens: int, blocking: bool = True,
+                   expert_counts: bool = False):
+        """All-gather the routing (padded to ``tokens`` rows) and derive this rank's layout
+        (``blocking`` and ``expert_counts`` matter to the CUDA engine only).
 
         Returns (layout, gathered routing, largest token count of any rank); when that count
         exceeds ``tokens`` the caller grows the buffer and calls again.
@@ -42,7 +44,7 @@ class ReferenceEngine:
     # -- dispatch ----------------------------------------------------------------------------
     def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor | None,
                  scaling_factor: torch.Tensor | None, layout: layouts.DispatchLayout,
-                 tokens: int):
+                 tokens: int, keep_in_buffer: bool = False):
         rows = layout.num_dispatched_tokens
         move = self._mover(layout, tokens, rows)
         out_hidden = move(hidden)
@@ -83,6 +85,12 @@ class ReferenceEngine:
         return combined.to(torch.bfloat16), combined_probs
 
     # -- permute / unpermute (local to the rank) ---------------------------------------------
+    def permute_plan(self, layout: layouts.DispatchLayout, pad_multiple: int,
+                     num_permuted_tokens: int | None) -> layouts.PermuteLayout:
+        return layouts.permute_layout(layout.local_expert_routing_map.cpu(),
+                                      layout.num_dispatched_tokens, pad_multiple,
+                                      num_permuted_tokens)
+
     def permute(self, rows: torch.Tensor | None, probs: torch.Tensor | None,
                 scaling_factor: torch.Tensor | None, plan: layouts.PermuteLayout):
         d2e = plan.dense_to_expert_map.to(torch.int64)
@@ -131,3 +139,10 @@ class ReferenceEngine:
                 column = self.topo.local_rank * self.experts + expert
                 dense_probs[valid, column] = probs[rows[valid]].float()
         return dense, dense_probs
+
+    def unpermute_combine(self, hidden: torch.Tensor, probs: torch.Tensor | None,
+                          layout: layouts.DispatchLayout, dense_to_expert_map: torch.Tensor,
+                          num_dispatched: int, tokens: int, num_tokens: int):
+        """combine_with_unpermute: the fp32 unpermuted sums go into combine unrounded."""
+        dense, dense_probs = self.unpermute(hidden, probs, dense_to_expert_map, num_dispatched)
+        return self.combine(dense, dense_probs, layout, tokens, num_tokens)

@@ -24,7 +24,12 @@ class DispatchLayout:
     attn_to_rdma_map: torch.Tensor  # bool [T, N-1]
     num_dispatched_tokens_tensor: torch.Tensor  # int32 [1]
     local_expert_routing_map: torch.Tensor  # bool [T*W, E]
-    num_dispatched_tokens: int
+    # None in the CUDA engine's non-blocking mode: the count stays on the device.
+    num_dispatched_tokens: int | None
+    # CUDA engine: handle entry 5 of a permute call, from the metadata kernel.
+    dense_chunk_layout: torch.Tensor | None = None
+    # CUDA engine, blocking permute calls: rows per local expert (host), read at the one sync.
+    expert_counts: torch.Tensor | None = None
 
 
 def dispatch_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: int) -> DispatchLayout:
@@ -85,7 +90,8 @@ class PermuteLayout:
     raw_tokens_per_expert: torch.Tensor  # int32 [E]
     padded_tokens_per_expert: torch.Tensor  # int64 [E], clipped to the output
     num_permuted_tokens: int
-    overflow: bool
+    overflow: bool | torch.Tensor  # a tensor (int32 [1], on the device) in the CUDA engine
+    row_source: torch.Tensor | None = None  # CUDA engine: int32 [P], dispatch row * E + expert
 
 
 def padded_total(raw_counts: torch.Tensor, pad_multiple: int) -> int:
