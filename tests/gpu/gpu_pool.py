@@ -30,12 +30,12 @@ class GpuPools:
         return self._pool
 
     def run(self, W: int, placement: str, function: str, /, tag: str = "",
-            timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs) -> list:
-        """Run ``gpu_cases.function(placement=..., **kwargs)`` on every rank; per-rank results."""
+            timeout_s: float = DEFAULT_TIMEOUT_S, module: str = CASES_MODULE, **kwargs) -> list:
+        """Run ``module.function(placement=..., **kwargs)`` on every rank (``gpu_cases`` unless
+        told); per-rank results."""
         __tracebackhide__ = True
         pool = self.get(W, placement, tag)
-        return pool.run(CASES_MODULE, function, timeout_s=timeout_s, placement=placement,
-                        **kwargs)
+        return pool.run(module, function, timeout_s=timeout_s, placement=placement, **kwargs)
 
     def close(self) -> None:
         if self._pool is not None and not self._pool.broken:
