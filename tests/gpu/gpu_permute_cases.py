@@ -26,6 +26,8 @@ from gpu_cases import (
     routing_args,
 )
 
+from cases.check import plus_zero
+
 PERMUTE_HANDLE_TENSORS = {0: "sparse_to_dense_map", 1: "rdma_to_attn_map",
                           2: "attn_to_rdma_map", 3: "num_dispatched_tokens_tensor",
                           4: "local_expert_routing_map", 5: "dense_chunk_layout",
@@ -236,3 +238,81 @@ def graph_replay(ctx, spec: dict, replays: int) -> dict:
         ctx.quiesce()
     del graph
     return stats.as_dict(replays=replays)
+
+
+class _Holder:
+    """What the autograd functions below share: the buffer, the handle, the pad."""
+
+    def __init__(self, buf, pad: int):
+        self.buf, self.pad, self.handle, self.rows = buf, pad, None, 0
+
+
+class _DispatchPermute(torch.autograd.Function):
+    """Like Megatron's fused dispatch: backward is combine_with_unpermute of the gradients."""
+
+    @staticmethod
+    def forward(ctx, hidden, probs, routing_map, holder):
+        out = holder.buf.dispatch_with_permute(hidden=hidden, routing_map=routing_map,
+                                               probs=probs, pad_multiple=holder.pad)
+        holder.handle, holder.rows = out[4], out[0].shape[0]
+        ctx.holder = holder
+        return out[0], out[1]
+
+    @staticmethod
+    def backward(ctx, grad_rows, grad_probs):
+        h = ctx.holder
+        grad_hidden, grad_dense_probs = h.buf.combine_with_unpermute(
+            hidden=grad_rows.contiguous(), probs=grad_probs.contiguous(), handle=h.handle,
+            pad_multiple=h.pad)
+        return grad_hidden, grad_dense_probs, None, None
+
+
+class _CombineUnpermute(torch.autograd.Function):
+    """Like Megatron's fused combine: backward re-dispatches the gradient with the handle."""
+
+    @staticmethod
+    def forward(ctx, rows, holder):
+        ctx.holder = holder
+        return holder.buf.combine_with_unpermute(hidden=rows, handle=holder.handle,
+                                                 pad_multiple=holder.pad)[0]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h = ctx.holder
+        out = h.buf.dispatch_with_permute(hidden=grad_out.contiguous(), handle=h.handle,
+                                          pad_multiple=h.pad, num_permuted_tokens=h.rows)
+        return out[0], None
+
+
+@job
+def autograd_round_trip(ctx, spec: dict) -> dict:
+    """dispatch_with_permute -> an "expert" (rows scaled by their probs) -> combine_with_unpermute
+    through the autograd functions above; the gradients of hidden and probs on CUDA against the
+    same graph on the reference engine."""
+    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"])
+    stats = Stats()
+    T = spec["tokens"][ctx.rank]
+    x, _ = make_hidden(ctx, spec, T, "x")
+    rt = make_routing(ctx, spec, T)
+    g = ctx.generator(spec["seed"], ctx.rank, "weights")
+    w = torch.randn((T, spec["H"]), generator=g, device=ctx.dev)
+    grads = {}
+    for where, dev in (("cuda", ctx.dev), ("reference", torch.device("cpu"))):
+        hidden = x.to(dev).detach().requires_grad_(True)
+        probs = rt["probs"].to(dev).detach().requires_grad_(True)
+        holder = _Holder(buf, spec["pad"])
+        rows, row_probs = _DispatchPermute.apply(hidden, probs, rt["map"].to(dev), holder)
+        expert = rows * row_probs.unsqueeze(1).to(rows.dtype)
+        combined = _CombineUnpermute.apply(expert, holder)
+        (combined.float() * w.to(dev)).sum().backward()
+        grads[where] = (hidden.grad, probs.grad, combined.detach())
+    got, exp = grads["cuda"], grads["reference"]
+    for name, a, b in (("combined", got[2], exp[2]), ("hidden.grad", got[0], exp[0])):
+        torch.testing.assert_close(a.cpu().float(), b.float(), rtol=1e-2, atol=1e-2,
+                                   msg=lambda m, name=name: f"{ctx.where()} {name}: {m}")
+    torch.testing.assert_close(got[1].cpu(), exp[1], rtol=1e-2, atol=1e-2,
+                               msg=lambda m: f"{ctx.where()} probs.grad: {m}")
+    stats.combines += 1
+    stats.bitwise += int(torch.equal(plus_zero(got[2].cpu()), plus_zero(exp[2])))
+    ctx.sync()
+    return stats.as_dict()

@@ -70,3 +70,14 @@ def test_graph_replay(gpu_pools, record_property, W, placement):
                             spec=spec, replays=50)
     assert all(r["replays"] == 50 for r in results), results
     report(record_property, results, label=f"graph replay W={W}")
+
+
+@pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
+                                         placement_param(4, "shared")])
+def test_autograd_round_trip(gpu_pools, record_property, W, placement):
+    """Megatron's pattern: autograd functions whose backward passes call the other operation
+    with the forward's handle; gradients equal the reference's (within BF16 rounding)."""
+    spec = make_spec(W, H=512, form="map", k=2, E=4, max_tok=64)
+    spec["pad"] = 16
+    results = gpu_pools.run(W, placement, "autograd_round_trip", module=MODULE, spec=spec)
+    report(record_property, results, label=f"autograd W={W}")

@@ -10,7 +10,7 @@
 // Output rows leave by TMA, not by per-lane global stores: on one rank that alone made the
 // kernel 2.5x faster (468 -> 185 us, 8 SMs), the stores of a warp being the bottleneck.
 // Runs after a domain barrier that guarantees every peer's combine buffer is filled.
-#include "hybrid_ep/kernels/common/bf16.cuh"
+#include "hybrid_ep/kernels/combine_sum.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
@@ -45,6 +45,7 @@ struct Ring {
   // more than a ring round ahead of the loader, where a parity wait on its stage would see the
   // previous round complete; waiting for the issue first makes the parity unambiguous.
   uint32_t* issued;
+  int32_t* copies;  // [chunk]: copies of each token of the reduce warps' current chunk
   __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
 };
 
@@ -65,7 +66,8 @@ __device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p
   int32_t* routes = reinterpret_cast<int32_t*>(ring.empty + p.stages);
   ring.loader_routes = ChunkRoutes{routes, p.domain.ranks};
   ring.reduce_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
-  ring.issued = reinterpret_cast<uint32_t*>(routes + 2 * p.chunk * p.domain.ranks);
+  ring.copies = routes + 2 * p.chunk * p.domain.ranks;
+  ring.issued = reinterpret_cast<uint32_t*>(ring.copies + p.chunk);
   return ring;
 }
 
@@ -75,6 +77,8 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
   const int bytes = piece_bytes(p);
   const int64_t in_row_bytes = int64_t(bytes) * p.pieces;
   uint32_t item = 0;
+  int stage = 0;       // item % stages, kept without divisions
+  uint32_t phase = 0;  // (item / stages) & 1
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
   for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
     const int first = c * p.chunk;
@@ -89,20 +93,23 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
         const int prob_bytes = piece == 0 ? ring.prob_bytes : 0;
         for (int j = 0; j < p.domain.ranks; ++j) {
           if (rows[j] < 0) continue;
-          const int stage = item % ring.stages;
-          ptx::mbar_wait(&ring.empty[stage], ((item / ring.stages) & 1) ^ 1);
+          ptx::mbar_wait(&ring.empty[stage], phase ^ 1);
           ptx::mbar_arrive_expect_tx(&ring.full[stage], bytes + prob_bytes);
           const uint8_t* peer = p.domain.peer(j);
-          ptx::bulk_load(ring.row(stage),
+          uint8_t* dst = ring.row(stage);
+          ptx::bulk_load(dst,
                          peer + p.combine_rows + rows[j] * in_row_bytes + int64_t(piece) * bytes,
                          bytes, &ring.full[stage]);
           if (prob_bytes) {  // this copy's own E columns
             const int64_t at = int64_t(rows[j]) * p.prob_cols + j * p.experts_per_rank;
-            ptx::bulk_load(ring.row(stage) + ring.prob_at, peer + p.combine_probs + 4 * at,
-                           prob_bytes, &ring.full[stage]);
+            ptx::bulk_load(dst + ring.prob_at, peer + p.combine_probs + 4 * at, prob_bytes,
+                           &ring.full[stage]);
           }
-          ++item;
-          *static_cast<volatile uint32_t*>(ring.issued) = item;
+          *static_cast<volatile uint32_t*>(ring.issued) = ++item;
+          if (++stage == ring.stages) {
+            stage = 0;
+            phase ^= 1;
+          }
         }
       }
     }
@@ -146,52 +153,6 @@ __device__ __forceinline__ void write_probs(const CombineParams& p, const Ring& 
   }
 }
 
-__device__ __forceinline__ void accumulate_fp32(float (&acc)[8], const float4* src) {
-  const float4 a = src[0], b = src[1];
-  acc[0] += a.x, acc[1] += a.y, acc[2] += a.z, acc[3] += a.w;
-  acc[4] += b.x, acc[5] += b.y, acc[6] += b.z, acc[7] += b.w;
-}
-
-// fp32 sum of a piece's copies (ascending local rank, as the reference adds them), written as
-// BF16 over the first copy's stage. Lanes own 8-column vectors. BF16 input: each lane rewrites
-// only the 16 bytes it read. fp32 input: vector v's BF16 lands on bytes another lane read, so
-// a warp-wide sync separates every round's reads from its writes. The copies' stage addresses
-// are computed once per piece, not per vector.
-__device__ __forceinline__ void reduce_into_first(const Ring& ring, uint32_t item, int copies,
-                                                  int vectors, bool fp32_input, int lane) {
-  constexpr int kHoisted = 8;  // copies whose stage address stays in registers
-  const uint8_t* src[kHoisted];
-#pragma unroll
-  for (int k = 0; k < kHoisted; ++k) src[k] = ring.row((item + min(k, copies - 1)) % ring.stages);
-  uint4* out = reinterpret_cast<uint4*>(ring.row(item % ring.stages));
-  for (int base = 0; base < vectors; base += 32) {
-    const int v = base + lane;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (v < vectors) {
-#pragma unroll
-      for (int k = 0; k < kHoisted; ++k) {
-        if (k >= copies) break;
-        if (fp32_input) {
-          accumulate_fp32(acc, reinterpret_cast<const float4*>(src[k]) + 2 * v);
-        } else {
-          accumulate(acc, reinterpret_cast<const uint4*>(src[k])[v]);
-        }
-      }
-      for (int k = kHoisted; k < copies; ++k) {
-        const uint8_t* stage = ring.row((item + k) % ring.stages);
-        if (fp32_input) {
-          accumulate_fp32(acc, reinterpret_cast<const float4*>(stage) + 2 * v);
-        } else {
-          accumulate(acc, reinterpret_cast<const uint4*>(stage)[v]);
-        }
-      }
-    }
-    if (fp32_input) __syncwarp();
-    if (v < vectors) out[v] = to_bf16(acc);
-  }
-  ptx::fence_proxy_async_shared();  // the bulk store (async proxy) must see these writes
-}
-
 // Reduce warps: warp w owns pieces w, w + kReduceWarps, ... of each chunk (token-major) and
 // reduces them on its own, so no warp ever waits for another one except once per chunk,
 // before the shared routes are replaced.
@@ -210,28 +171,36 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
     ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
     ring.reduce_routes.load(p.sparse_to_dense_map, first, last, thread, kReduceThreads);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
+    // Every warp walks every token to keep its ring position: count copies once per chunk.
+    for (int k = thread; k < last - first; k += kReduceThreads) {
+      ring.copies[k] = ring.reduce_routes.copies(k);
+    }
+    ptx::named_barrier(kReduceBarrier, kReduceThreads);
     unit = 0;
     for (int t = first; t < last; ++t) {
-      const int32_t* rows = ring.reduce_routes.token(t - first);
-      const int copies = ring.reduce_routes.copies(t - first);
+      const int copies = ring.copies[t - first];
       for (int piece = 0; piece < p.pieces; ++piece, ++unit, item += copies) {
         if (unit % kReduceWarps != warp) continue;
+        const int32_t* rows = ring.reduce_routes.token(t - first);
         const bool probs_here = p.out_probs != nullptr && piece == 0;
         // Without the TMA path, issue this lane's prob load before waiting, to hide it.
         const float early_prob =
             probs_here && !ring.prob_bytes ? copy_prob(p, rows, lane, experts_total) : 0.f;
+        const CopyStages st{ring.rows, ring.stride, ring.stages, int(item % ring.stages)};
+        const uint32_t parity = (item / ring.stages) & 1;
         if (copies > 0) {
           // Back off while waiting, so waiting warps leave the shared-memory pipe to others.
           while (*static_cast<volatile uint32_t*>(ring.issued) < item + copies) __nanosleep(32);
         }
-        for (int k = 0; k < copies; ++k) {
-          const uint32_t it = item + k;
-          ptx::mbar_wait(&ring.full[it % ring.stages], (it / ring.stages) & 1);
+        for (int k = 0; k < copies; ++k) {  // copies <= ranks < stages: at most one wrap
+          const int s = st.first + k;
+          ptx::mbar_wait(&ring.full[s < ring.stages ? s : s - ring.stages],
+                         s < ring.stages ? parity : parity ^ 1);
         }
         uint16_t* out = p.out + int64_t(t) * p.hidden + int64_t(piece) * piece_cols;
         // One BF16 copy is its own sum: it is stored as it is.
         if (copies > 1 || (copies == 1 && p.fp32_input)) {
-          reduce_into_first(ring, item, copies, vectors, p.fp32_input, lane);
+          sum_into_first(st, copies, vectors, p.fp32_input, lane);
         }
         if (copies == 0) {  // no rank received the token: its sum is zero
           for (int v = lane; v < vectors; v += 32) {
@@ -240,18 +209,19 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
         }
         __syncwarp();  // the sum is in the first stage; the other stages are no longer read
         if (copies > 0 && lane == 0) {
-          ptx::bulk_store(out, ring.row(item % ring.stages), piece_cols * 2);
+          ptx::bulk_store(out, st.at(0), piece_cols * 2);
           ptx::bulk_commit();
         }
         if (probs_here) write_probs(p, ring, rows, t, item, early_prob, lane, 32);
         __syncwarp();  // every lane is done with these stages' probs before they are handed back
         if (lane == 0) {
           for (int k = 1; k < copies; ++k) {
-            ptx::mbar_arrive(&ring.empty[(item + k) % ring.stages]);
+            const int s = st.first + k;
+            ptx::mbar_arrive(&ring.empty[s < ring.stages ? s : s - ring.stages]);
           }
           if (copies > 0) {
             ptx::bulk_wait_read<0>();  // the bulk store has read the first stage
-            ptx::mbar_arrive(&ring.empty[item % ring.stages]);
+            ptx::mbar_arrive(&ring.empty[st.first]);
           }
         }
       }
@@ -290,7 +260,7 @@ size_t combine_stage_bytes(int piece_bytes, int prob_bytes) {
 
 size_t combine_smem_bytes(int piece_bytes, int prob_bytes, int stages, int chunk, int ranks) {
   return size_t(stage_stride(piece_bytes, prob_bytes)) * stages + 2 * sizeof(uint64_t) * stages +
-         2 * sizeof(int32_t) * chunk * ranks + 16;
+         2 * sizeof(int32_t) * chunk * ranks + sizeof(int32_t) * chunk + 16;
 }
 
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream) {

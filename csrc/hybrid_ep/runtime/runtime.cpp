@@ -109,7 +109,8 @@ int Runtime::dispatch_stages(size_t stage_bytes) const {
 }
 
 size_t Runtime::combine_reserved_smem() const {
-  return 2 * sizeof(int32_t) * size_t(config_.combine_chunk) * config_.ranks + 16;
+  // Both roles' routes, the copies per token of a chunk, the issue counter (combine.cu).
+  return (2 * size_t(config_.ranks) + 1) * sizeof(int32_t) * size_t(config_.combine_chunk) + 16;
 }
 
 int Runtime::combine_stages(size_t stage) const {
