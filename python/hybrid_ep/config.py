@@ -43,6 +43,9 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_NIC_MAPPING", "auto", "gpu:nic[:port],... NIC per GPU (doca build)"),
     EnvVar("HYBRID_EP_TIMEOUT_S", "30",
            "seconds a GPU wait for a peer may take before the call raises instead of hanging"),
+    EnvVar("HYBRID_EP_COMBINE_PIECES", "auto",
+           "column pieces a combine row moves in (1, 2, 4, ...; hidden must split into multiples "
+           "of 8); auto: whole rows unless a row's copies would not fit the ring"),
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
@@ -167,6 +170,17 @@ def run_id_from_env() -> str | None:
     return None
 
 
+def combine_pieces_from_env() -> int:
+    """HYBRID_EP_COMBINE_PIECES: a power of two, or auto/unset (0)."""
+    if (_raw("HYBRID_EP_COMBINE_PIECES") or "auto") == "auto":
+        return 0
+    pieces = env_int("HYBRID_EP_COMBINE_PIECES", 0, 1, 64)
+    if pieces & (pieces - 1):
+        raise ValueError(f"environment variable HYBRID_EP_COMBINE_PIECES={pieces}: expected a "
+                         "power of two (1, 2, 4, ... 64) or auto")
+    return pieces
+
+
 def cache_dir() -> Path:
     value = _raw("HYBRID_EP_CACHE_DIR") or "~/.cache/hybrid_ep"
     return Path(value).expanduser()
@@ -191,6 +205,8 @@ class EnvSettings:
     engine: str
     timeout_s: float
     cache_dir: Path
+    combine_pieces: int = 0  # 0: automatic
+
 
     @staticmethod
     def read() -> EnvSettings:
@@ -211,6 +227,7 @@ class EnvSettings:
             engine=env_choice("HYBRID_EP_ENGINE", "auto", ("auto", "reference", "cuda")),
             timeout_s=env_float("HYBRID_EP_TIMEOUT_S", 30.0),
             cache_dir=cache_dir(),
+            combine_pieces=combine_pieces_from_env(),
         )
 
 

@@ -85,6 +85,7 @@ class CudaEngine:
         rc.sms_combine = config.num_sms_combine_api
         rc.sms_preprocessing = config.num_sms_preprocessing_api
         rc.timeout_s = self.env.timeout_s
+        rc.combine_pieces = self.env.combine_pieces
         rc.fabric = self.use_mnnvl
         self.config = config
         self.experts = config.num_local_experts

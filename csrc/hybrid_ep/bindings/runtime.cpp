@@ -52,6 +52,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("sms_combine", &RuntimeConfig::sms_combine)
       .def_readwrite("sms_preprocessing", &RuntimeConfig::sms_preprocessing)
       .def_readwrite("timeout_s", &RuntimeConfig::timeout_s)
+      .def_readwrite("combine_pieces", &RuntimeConfig::combine_pieces)
       .def_readwrite("fabric", &RuntimeConfig::fabric);
 
   py::class_<Runtime>(m, "Runtime")

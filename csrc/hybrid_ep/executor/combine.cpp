@@ -62,12 +62,17 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   const int prob_bytes =
       call.out_probs != nullptr && (c.experts_per_rank * 4) % 16 == 0 ? c.experts_per_rank * 4 : 0;
   // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
+  // (or what HYBRID_EP_COMBINE_PIECES asks for, where the hidden size splits so).
   const int element_bytes = p.fp32_input ? 4 : 2;
   p.pieces = 1;
-  while (
-      !runtime.combine_fits(combine_stage_bytes(p.hidden / p.pieces * element_bytes, prob_bytes)) &&
-      p.hidden % (16 * p.pieces) == 0) {
-    p.pieces *= 2;
+  if (c.combine_pieces > 0 && p.hidden % (8 * c.combine_pieces) == 0) {
+    p.pieces = c.combine_pieces;
+  } else {
+    while (!runtime.combine_fits(
+               combine_stage_bytes(p.hidden / p.pieces * element_bytes, prob_bytes)) &&
+           p.hidden % (16 * p.pieces) == 0) {
+      p.pieces *= 2;
+    }
   }
   p.stages =
       runtime.combine_stages(combine_stage_bytes(p.hidden / p.pieces * element_bytes, prob_bytes));

@@ -34,7 +34,8 @@ struct RuntimeConfig {
   int sms_combine = 16;
   int sms_preprocessing = 32;
   double timeout_s = 30.0;
-  bool fabric = false;  // cuMem fabric handles (multi-node NVLink)
+  int combine_pieces = 0;  // column pieces of a combine row; 0: automatic
+  bool fabric = false;     // cuMem fabric handles (multi-node NVLink)
 };
 
 class Runtime {
