@@ -58,7 +58,8 @@ def _bench_gpu(args) -> int:
         hbm_sms=args.sms if args.sms is not None else base.hbm_sms,
         sm_ranks=(args.ranks,) if args.ranks is not None else base.sm_ranks,
         sm_sms=args.sms if args.sms is not None else base.sm_sms,
-        fp8=not args.no_fp8, seed=args.seed, label=args.label or "",
+        fp8=not args.no_fp8, permute=not args.no_permute, seed=args.seed,
+        label=args.label or "",
         mps_partition=not args.no_mps_partition,
         out_dir=args.out_dir if args.out_dir is not None else "hybrid-ep-bench", **given)
     for name in ("hidden", "tokens", "experts_per_rank", "topk", "iters"):
@@ -135,6 +136,8 @@ def main(argv=None) -> int:
                    help="folder for bench-<regime>[-<label>].md and bench[-<label>].json "
                         "(default hybrid-ep-bench)")
     g.add_argument("--label", default=None, help="tag for the tables and file names")
+    g.add_argument("--no-permute", action="store_true",
+                   help="skip the dispatch_with_permute / combine_with_unpermute pair")
     g.add_argument("--no-mps-partition", action="store_true",
                    help="ranks sharing a GPU get no MPS share of SMs (default: just above "
                         "their SMs per rank)")

@@ -22,9 +22,14 @@ r % device_count, gloo group). Per rank and operation it records:
 Operations, each call with fresh random routing (top-k of uniform scores):
 ``dispatch bf16 + preprocess`` (no handle: the routing all-gather and metadata run in the call),
 ``dispatch bf16`` and ``dispatch fp8`` (handle of that dispatch), ``combine bf16`` (of the
-dispatched BF16 rows). The first warm-up call of each is checked bit for bit against an
-independent oracle (:mod:`hybrid_ep.oracle`, on the GPU: every rank regenerates every rank's
-inputs from their seeds and gathers their routing), so no number of a wrong kernel is reported.
+dispatched BF16 rows), and (unless ``--no-permute``) ``dispatch bf16 + permute``
+(``dispatch_with_permute``, fresh routing, pad_multiple 16; kernel time = dispatch_kernel +
+permute_kernel) and ``unpermute + combine`` (``combine_with_unpermute`` of its rows through the
+identity expert; unpermute_kernel + combine_kernel). The first warm-up call of each is checked
+bit for bit against an independent oracle (:mod:`hybrid_ep.oracle`, on the GPU: every rank
+regenerates every rank's inputs from their seeds and gathers their routing; the permute pair by
+its round trip: each token comes back as BF16(row x experts selected), its probs unchanged), so
+no number of a wrong kernel is reported.
 
 Numbers (per configuration and operation; "ranks on a GPU" share its HBM):
 
@@ -32,7 +37,9 @@ Numbers (per configuration and operation; "ranks on a GPU" share its HBM):
   mean over ranks, for kernel and API time;
 - HBM bytes a kernel must move once, per rank: dispatch reads its T rows (+ probs, + scales) and
   writes S copies of them (+ probs, + scales each); combine reads the S copies of its tokens
-  (+ their probs) and writes T rows (+ T x E_total probs);
+  (+ their probs) and writes T rows (+ T x E_total probs); permute adds reading the D received
+  rows and writing the P permuted ones (+ a prob each), unpermute reading P rows and writing D
+  fp32 sums, which its combine pulls as fp32 copies;
 - HBM traffic per SM = sum over the ranks on a GPU of bytes / kernel time, / (SMs per rank x
   ranks on it); roofline fraction = the same sum / the measured copy bandwidth (read + write);
 - ceiling fraction (sm regime) = traffic per SM / the copy kernel's traffic per SM at the same

@@ -9,13 +9,19 @@ import torch
 ALLOWANCE_S = 30e-6
 ROOFLINE_BYTES = 2 << 30  # bytes copied per roofline measurement (4 GiB read + written)
 
-# op key -> (label, kernel name, row dtype)
+# op key -> (label, kernel name, row dtype). A step calls them in this order; the permute path
+# adds a second kernel to its op (PAIRED_KERNELS).
 OPS = {
     "dispatch_pre": ("dispatch bf16 + preprocess", "dispatch_kernel", "bf16"),
     "dispatch_bf16": ("dispatch bf16", "dispatch_kernel", "bf16"),
     "dispatch_fp8": ("dispatch fp8", "dispatch_kernel", "fp8"),
     "combine_bf16": ("combine bf16", "combine_kernel", "bf16"),
+    "dispatch_permute": ("dispatch bf16 + permute", "dispatch_kernel", "bf16"),
+    "combine_unpermute": ("unpermute + combine", "combine_kernel", "bf16"),
 }
+PAIRED_KERNELS = {"dispatch_permute": "permute_kernel", "combine_unpermute": "unpermute_kernel"}
+PERMUTE_OPS = tuple(PAIRED_KERNELS)
+PAD_MULTIPLE = 16  # the permute path's pad_multiple
 PREPROCESS_KERNELS = ("allgather_kernel", "dest_mask_kernel", "scan_kernel")
 
 
@@ -33,6 +39,7 @@ class GpuBenchConfig:
     iters: int = 20
     warmup: int = 3
     fp8: bool = True
+    permute: bool = True  # also the dispatch_with_permute / combine_with_unpermute pair
     seed: int = 0
     label: str = ""
     # Ranks sharing a GPU get an MPS share of SMs slightly above their SMs per rank, so that
@@ -73,6 +80,8 @@ class RankResult:
     kernel_s: dict = field(default_factory=dict)
     kernel_rows: list[int] = field(default_factory=list)
     kernel_copies: list[int] = field(default_factory=list)
+    api_permuted: list[int] = field(default_factory=list)  # P per timed API step
+    kernel_permuted: list[int] = field(default_factory=list)
     preprocess_kernels_s: float | None = None  # mean per call, all preprocessing kernels
     profiler_note: str | None = None
     ceilings: list[dict] = field(default_factory=list)

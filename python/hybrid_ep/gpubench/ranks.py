@@ -18,6 +18,9 @@ from .. import oracle
 from .ceiling import measure_ceilings
 from .config import (
     OPS,
+    PAD_MULTIPLE,
+    PAIRED_KERNELS,
+    PERMUTE_OPS,
     PREPROCESS_KERNELS,
     GpuBenchConfig,
     RankResult,
@@ -62,6 +65,13 @@ class _Rank:
                                lambda: buf.combine(rows, probs=rows_probs, handle=handle))
         out["rows"] = int(rows.shape[0])
         out["copies"] = int((handle[0][: cfg.tokens] >= 0).sum())
+        if cfg.permute:  # fresh routing: preprocessing runs in the call, as in training
+            out["perm"] = timer("dispatch_permute", lambda: buf.dispatch_with_permute(
+                hidden=x, probs=probs, routing_map=routing_map, pad_multiple=PAD_MULTIPLE))
+            perm = out["perm"]
+            out["unperm"] = timer("combine_unpermute", lambda: buf.combine_with_unpermute(
+                hidden=perm[0], probs=perm[1], handle=perm[4], pad_multiple=PAD_MULTIPLE))
+            out["permuted"] = int(perm[0].shape[0])
         return out
 
     # -- verification against the oracle, on the GPU --
@@ -97,6 +107,16 @@ class _Rank:
             self.tokens["hidden"], out["routing_map"], cfg.experts_per_rank))
         _same("combine: probs", combined_probs, out["probs"])
         checked.append(OPS["combine_bf16"][0])
+        if cfg.permute:
+            # Round trip through the identity expert: every token comes back as the BF16 of
+            # its row times the experts it selected (an exact fp32 sum of equal rows), and its
+            # probs as they were.
+            selected = out["routing_map"].sum(1, dtype=torch.float32).unsqueeze(1)
+            want_rows = (self.tokens["hidden"].float() * selected).to(torch.bfloat16)
+            got_rows, got_probs = out["unperm"]
+            _same("permute round trip: rows", got_rows, want_rows)
+            _same("permute round trip: probs", got_probs, out["probs"])
+            checked += [OPS[op][0] for op in PERMUTE_OPS]
         del everyone, want
         torch.cuda.empty_cache()
         return checked
@@ -135,7 +155,8 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
     dist.barrier(group)
 
     bench = _Rank(cfg, spec, rank)
-    ops = [op for op in OPS if cfg.fp8 or op != "dispatch_fp8"]
+    ops = [op for op in OPS
+           if (cfg.fp8 or op != "dispatch_fp8") and (cfg.permute or op not in PERMUTE_OPS)]
 
     # Pass 1: API times (no profiler), the first warm-up verified.
     result.api_s = {op: [] for op in ops}
@@ -154,6 +175,7 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
         if timed:
             result.api_rows.append(out["rows"])
             result.api_copies.append(out["copies"])
+            result.api_permuted.append(out.get("permuted", 0))
         del out
 
     # Pass 2: kernel times from the profiler (2 more warm-up steps inside the session).
@@ -171,13 +193,15 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
                 if step >= extra:
                     result.kernel_rows.append(out["rows"])
                     result.kernel_copies.append(out["copies"])
+                    result.kernel_permuted.append(out.get("permuted", 0))
                 del out
             torch.cuda.synchronize()
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.json")
             prof.export_chrome_trace(path)
             kernels = kernel_events(path)
-        _assign_kernels(result, kernels, ops, steps, cfg.iters)
+        _assign_kernels(result, kernels, ops, steps, cfg.iters,
+                        preprocess_per_step=2 if cfg.permute else 1)
     except Exception as error:  # noqa: BLE001 - report API numbers even without a profiler
         result.profiler_note = f"profiler failed: {type(error).__name__}: {error}"
 
@@ -196,26 +220,36 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
     return result
 
 
-def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int):
-    """Per step the stream runs dispatch_kernel for dispatch_pre, dispatch_bf16, dispatch_fp8
-    (in that order) and then combine_kernel; events are matched from the end of the session (the
+def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int,
+                    preprocess_per_step: int = 1):
+    """Per step the stream runs dispatch_kernel for each dispatch op and combine_kernel for each
+    combine op, in the order of OPS; the permute ops add their paired kernel (permute_kernel,
+    unpermute_kernel) to their time. Events are matched from the end of the session (the
     profiler may miss a few at its start) and the last `iters` of each kept."""
-    dispatch_ops = [op for op in ops if OPS[op][1] == "dispatch_kernel"]
-    dispatch = [k for k in kernels if is_our_kernel(k[2], "dispatch_kernel")]
-    combine = [k for k in kernels if is_our_kernel(k[2], "combine_kernel")]
     per_op = {op: [] for op in ops}
-    n = len(dispatch_ops)
-    for i, event in enumerate(reversed(dispatch)):
-        per_op[dispatch_ops[n - 1 - i % n]].append(event[1] * 1e-6)
-    per_op["combine_bf16"] = [k[1] * 1e-6 for k in reversed(combine)]
+    seen = {}
+    for kernel in ("dispatch_kernel", "combine_kernel"):
+        mine = [op for op in ops if OPS[op][1] == kernel]
+        events = [k for k in kernels if is_our_kernel(k[2], kernel)]
+        seen[kernel] = (len(events), len(mine))
+        for i, event in enumerate(reversed(events)):
+            per_op[mine[len(mine) - 1 - i % len(mine)]].append(event[1] * 1e-6)
+    for op, paired in PAIRED_KERNELS.items():
+        if op in per_op:
+            events = [k for k in kernels if is_our_kernel(k[2], paired)
+                      and not (paired == "permute_kernel" and "unpermute" in k[2])]
+            for i, event in enumerate(reversed(events[-len(per_op[op]):])):
+                per_op[op][i] += event[1] * 1e-6
     for op in ops:
         result.kernel_s[op] = list(reversed(per_op[op][:iters]))
     preprocess = [k for k in kernels if any(is_our_kernel(k[2], p) for p in PREPROCESS_KERNELS)]
     if preprocess:
-        result.preprocess_kernels_s = sum(k[1] for k in preprocess) * 1e-6 / steps
-    if len(dispatch) < n * iters or len(combine) < iters:
-        result.profiler_note = (f"profiler saw {len(dispatch)} dispatch and {len(combine)} combine "
-                                f"kernels, expected >= {n * iters} and {iters}")
+        result.preprocess_kernels_s = (sum(k[1] for k in preprocess) * 1e-6
+                                       / (steps * preprocess_per_step))
+    short = [f"{count} {kernel}s (expected >= {per_step * iters})"
+             for kernel, (count, per_step) in seen.items() if count < per_step * iters]
+    if short:
+        result.profiler_note = "profiler saw only " + ", ".join(short)
 
 
 def _worker(rank: int, cfg: GpuBenchConfig, spec: RunSpec, port: int, out_path: str,

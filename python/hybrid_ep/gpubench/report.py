@@ -83,8 +83,9 @@ def format_regime(cfg: GpuBenchConfig, env: dict, regime: str, runs: list[dict])
                      "counted as kernels of 'dispatch bf16 + preprocess'.")
         lines += [f"- {run['ranks']} rank(s): {note}" for note in run["notes"]]
     lines += [
-        ("- kernel: device time of dispatch_kernel / combine_kernel (torch.profiler, separate "
-         "pass); API: whole Python call after a host barrier, to torch.cuda.synchronize()."),
+        ("- kernel: device time of dispatch_kernel / combine_kernel (+ permute_kernel / "
+         "unpermute_kernel for the permute pair; torch.profiler, separate pass); API: whole "
+         "Python call after a host barrier, to torch.cuda.synchronize()."),
         ("- HBM traffic/SM: bytes the kernels must read and write once (rows, probs, FP8 "
          "scales) / kernel time, summed over the ranks on a GPU, / (SMs per rank x ranks on "
          "it); roofline fraction: that sum / the HBM roofline."),

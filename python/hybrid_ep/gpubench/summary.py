@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from .config import ALLOWANCE_S, OPS, GpuBenchConfig, RunSpec
+from .config import ALLOWANCE_S, OPS, PERMUTE_OPS, GpuBenchConfig, RunSpec
 
 
 # ---- numbers ------------------------------------------------------------------------------------
@@ -18,13 +18,23 @@ def _mean(values):
     return statistics.fmean(values) if values else float("nan")
 
 
-def _bytes(cfg: GpuBenchConfig, ranks: int, op: str, rows: float, copies: float) -> dict:
-    """HBM bytes one rank's kernel must move once, and the bytes of its output."""
+def _bytes(cfg: GpuBenchConfig, ranks: int, op: str, rows: float, copies: float,
+           permuted: float = 0.0) -> dict:
+    """HBM bytes one rank's kernels must move once, and the bytes of its output. The permute
+    path adds its own passes: permute reads the D received rows and writes P permuted ones;
+    unpermute reads P rows and writes D fp32 sums, which the combine then pulls."""
     H, T, E = cfg.hidden, cfg.tokens, cfg.experts_per_rank
     prob_cols = E * ranks  # one domain's columns
+    combined = T * (2 * H + 4 * E * ranks)
     if op == "combine_bf16":
-        moved = copies * (2 * H + 4 * E) + T * (2 * H + 4 * E * ranks)
-        return {"moved": moved, "output": T * (2 * H + 4 * E * ranks)}
+        return {"moved": copies * (2 * H + 4 * E) + combined, "output": combined}
+    if op == "combine_unpermute":
+        unpermute = permuted * (2 * H + 4) + rows * (4 * H + 4 * E)
+        return {"moved": unpermute + copies * (4 * H + 4 * E) + combined, "output": combined}
+    if op == "dispatch_permute":
+        row = 2 * H + 4 * prob_cols
+        moved = T * row + copies * row + rows * row + permuted * (2 * H + 4)
+        return {"moved": moved, "output": permuted * (2 * H + 4)}
     row = H if op == "dispatch_fp8" else 2 * H
     side = 4 * prob_cols + (4 * (H // 128) if op == "dispatch_fp8" else 0)
     return {"moved": T * (row + side) + copies * (row + side), "output": rows * (row + side)}
@@ -67,9 +77,12 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
             rows_api, copies_api = _mean(r["api_rows"]), _mean(r["api_copies"])
             rows_k = _mean(r["kernel_rows"]) if r["kernel_rows"] else rows_api
             copies_k = _mean(r["kernel_copies"]) if r["kernel_copies"] else copies_api
-            b_k = _bytes(cfg, spec.ranks, op, rows_k, copies_k)
-            b_api = _bytes(cfg, spec.ranks, op, rows_api, copies_api)
-            extra = (r["preprocess_kernels_s"] or 0.0) if op == "dispatch_pre" else 0.0
+            perm_api = _mean(r.get("api_permuted", []))
+            perm_k = _mean(r.get("kernel_permuted", [])) if r.get("kernel_permuted") else perm_api
+            b_k = _bytes(cfg, spec.ranks, op, rows_k, copies_k, perm_k)
+            b_api = _bytes(cfg, spec.ranks, op, rows_api, copies_api, perm_api)
+            fresh = op in ("dispatch_pre", "dispatch_permute")  # preprocessing in the call
+            extra = (r["preprocess_kernels_s"] or 0.0) if fresh else 0.0
             per_rank.append({
                 "rank": r["rank"], "device": r["device"], "api_s": api, "kernel_s": kern,
                 "kernels_in_call_s": kern + extra, "rows": rows_api,
@@ -90,7 +103,7 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
             p["allowance_s"] = (p["kernels_in_call_s"] + pass_s.get(p["device"], float("nan"))
                                 + ALLOWANCE_S)
         ceiling = None
-        if ceilings:
+        if ceilings and op not in PERMUTE_OPS:  # the copy kernel models the plain kernels
             pattern = "fan-in" if op == "combine_bf16" else "fan-out"
             row_bytes = cfg.hidden if dtype == "fp8" else 2 * cfg.hidden
             ceiling = _ceiling_at(ceilings, pattern, row_bytes, k_mean)

@@ -1,0 +1,35 @@
+"""The GPU benchmark's host-side bookkeeping: profiler kernel events matched to operations."""
+
+from __future__ import annotations
+
+from hybrid_ep.gpubench.config import OPS, RankResult
+from hybrid_ep.gpubench.ranks import _assign_kernels
+
+NAME = "void hybrid_ep::(anonymous namespace)::{}(hybrid_ep::Params)"
+
+
+def _step_events(step: int, t0: float) -> list[tuple[float, float, str]]:
+    """One benchmark step's kernels in stream order; durations encode (step, op)."""
+    order = [("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 1),  # pre
+             ("dispatch_kernel", 2), ("dispatch_kernel", 3), ("combine_kernel", 4),
+             ("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 5),
+             ("permute_kernel", 6), ("unpermute_kernel", 7), ("combine_kernel", 8)]
+    return [(t0 + i, 100.0 * step + code + (1.0 if code == 0 else 0.0), NAME.format(kernel))
+            for i, (kernel, code) in enumerate(order)]
+
+
+def test_permute_pair_kernels_are_summed_per_op():
+    steps, iters = 4, 3
+    events = [e for s in range(steps) for e in _step_events(s, 1000.0 * s)]
+    events = events[3:]  # the profiler missed the start of the session
+    result = RankResult(rank=0, device=0, gpu="x", sm_count=132)
+    _assign_kernels(result, events, list(OPS), steps, iters, preprocess_per_step=2)
+    for n, step in enumerate(range(steps - iters, steps)):
+        base = 100.0 * step
+        assert result.kernel_s["dispatch_pre"][n] == (base + 1) * 1e-6
+        assert result.kernel_s["dispatch_bf16"][n] == (base + 2) * 1e-6
+        assert result.kernel_s["dispatch_fp8"][n] == (base + 3) * 1e-6
+        assert result.kernel_s["combine_bf16"][n] == (base + 4) * 1e-6
+        assert abs(result.kernel_s["dispatch_permute"][n] - (2 * base + 11) * 1e-6) < 1e-12
+        assert abs(result.kernel_s["combine_unpermute"][n] - (2 * base + 15) * 1e-6) < 1e-12
+    assert result.profiler_note is None
