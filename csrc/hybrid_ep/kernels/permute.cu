@@ -11,6 +11,28 @@ namespace {
 
 constexpr int kThreads = 256;
 
+constexpr int kInFlight = 4;  // 16-byte loads per lane issued before their stores
+
+// A warp copies one row, each lane kInFlight vectors at a time: the loads of a round are all in
+// flight before its stores (one load at a time left a warp latency-bound, which shows when the
+// kernel gets only a few SMs, e.g. an MPS share).
+__device__ __forceinline__ void copy_row(uint4* __restrict__ dst, const uint4* __restrict__ src,
+                                         int vectors, int lane) {
+  for (int base = 0; base < vectors; base += 32 * kInFlight) {
+    uint4 v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int at = base + k * 32 + lane;
+      if (at < vectors) v[k] = src[at];
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int at = base + k * 32 + lane;
+      if (at < vectors) dst[at] = v[k];
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) permute_kernel(PermuteParams p) {
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * (kThreads / 32);
@@ -20,8 +42,7 @@ __global__ void __launch_bounds__(kThreads) permute_kernel(PermuteParams p) {
     const int64_t i = source >= 0 ? source / p.experts_per_rank : -1;
     uint4* dst = reinterpret_cast<uint4*>(p.out + int64_t(o) * p.row_bytes);
     if (i >= 0) {
-      const uint4* src = reinterpret_cast<const uint4*>(p.rows + i * p.row_bytes);
-      for (int v = lane; v < vectors; v += 32) dst[v] = src[v];
+      copy_row(dst, reinterpret_cast<const uint4*>(p.rows + i * p.row_bytes), vectors, lane);
     } else {
       for (int v = lane; v < vectors; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
     }
