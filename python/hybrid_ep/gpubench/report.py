@@ -90,8 +90,8 @@ def format_regime(cfg: GpuBenchConfig, env: dict, regime: str, runs: list[dict])
          "scales) / kernel time, summed over the ranks on a GPU, / (SMs per rank x ranks on "
          "it); roofline fraction: that sum / the HBM roofline."),
         ("- allowance: kernel time + one pass over the output (read + write, all ranks on the "
-         "GPU) at the roofline + 30 us; 'dispatch bf16 + preprocess' also counts its "
-         "preprocessing kernels as kernel time."),
+         "GPU) at the roofline + 30 us; 'dispatch bf16 + preprocess' and 'dispatch bf16 + "
+         "permute' also count their preprocessing kernels as kernel time."),
     ]
     if ceiling_cols:
         lines += ["",
