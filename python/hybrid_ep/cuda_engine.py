@@ -13,8 +13,7 @@ import torch
 from . import native
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
-from .permute_plan import device_permute_layout, padded_counts
-from .reference.layout import DispatchLayout, PermuteLayout, ceil_div
+from .reference.layout import DispatchLayout, PermuteLayout, ceil_div, ceil_div_tensor
 from .topology import Topology, gather_objects
 
 _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag"}
@@ -267,22 +266,37 @@ class CudaEngine:
     # -- permute / unpermute ---------------------------------------------------------------------
     def permute_plan(self, layout: DispatchLayout, pad_multiple: int,
                      num_permuted_tokens: int | None) -> PermuteLayout:
-        """The permuted layout on the device. Blocking calls size the output from the rows per
-        expert read at their one synchronisation (a reused handle reads them here), and get
-        ``tokens_per_expert`` computed on the host; non-blocking calls never touch the host."""
+        """The permuted layout, computed on the device by the permute-layout kernels. Blocking
+        calls size the output from the rows per expert read at their one synchronisation (a
+        reused handle reads them here) and get ``tokens_per_expert`` computed on the host;
+        non-blocking calls never touch the host."""
         lerm = layout.local_expert_routing_map
         counts = layout.expert_counts
         if counts is None and num_permuted_tokens is None:  # blocking, with a reused handle
             counts = lerm.sum(0, dtype=torch.int32).cpu()
-        padded = padded_counts(counts, pad_multiple) if counts is not None else None
+        padded = None
+        if counts is not None:
+            padded = ceil_div_tensor(counts.to(torch.int64), pad_multiple) * pad_multiple
         if num_permuted_tokens is None:
             num_permuted_tokens = int(padded.sum())
-        plan = device_permute_layout(lerm, pad_multiple, num_permuted_tokens)
-        if padded is not None:
+        rows, dev = lerm.shape[0], self.device
+        d2e = torch.empty(rows, self.experts, dtype=torch.int32, device=dev)
+        row_source = torch.empty(num_permuted_tokens, dtype=torch.int32, device=dev)
+        raw = torch.empty(self.experts, dtype=torch.int32, device=dev)
+        tokens_per_expert = torch.empty(self.experts, dtype=torch.int64, device=dev)
+        overflow = torch.empty(1, dtype=torch.int32, device=dev)
+        self.runtime.permute_layout(lerm.contiguous().data_ptr(), rows, pad_multiple,
+                                    num_permuted_tokens, d2e.data_ptr(), row_source.data_ptr(),
+                                    raw.data_ptr(), tokens_per_expert.data_ptr(),
+                                    overflow.data_ptr(), 2 * self._sms, self._stream())
+        if padded is not None:  # the host copy: no device read in blocking mode
             offsets = padded.cumsum(0) - padded
             present = (num_permuted_tokens - offsets).clamp(min=0)
-            plan.padded_tokens_per_expert = torch.minimum(present, padded).to(torch.int64)
-        return plan
+            tokens_per_expert = torch.minimum(present, padded)
+        return PermuteLayout(dense_to_expert_map=d2e, raw_tokens_per_expert=raw,
+                             padded_tokens_per_expert=tokens_per_expert,
+                             num_permuted_tokens=num_permuted_tokens, overflow=overflow,
+                             row_source=row_source)
 
     def permute(self, rows: StagedRows, probs, scaling_factor, plan: PermuteLayout):
         """Gathers the staged rows into expert-major order (zero rows for padding)."""

@@ -95,6 +95,16 @@ void register_runtime(py::module_& m) {
                               row_bytes, scale_cols},
                              stream_of(stream));
            })
+      .def("permute_layout",
+           [](Runtime& r, uintptr_t lerm, int rows, int pad_multiple, int num_permuted,
+              uintptr_t d2e, uintptr_t row_source, uintptr_t raw, uintptr_t tpe, uintptr_t overflow,
+              int blocks, uintptr_t stream) {
+             run_permute_layout(r,
+                                {ptr<const bool>(lerm), rows, pad_multiple, num_permuted,
+                                 ptr<int32_t>(d2e), ptr<int32_t>(row_source), ptr<int32_t>(raw),
+                                 ptr<int64_t>(tpe), ptr<int32_t>(overflow), blocks},
+                                stream_of(stream));
+           })
       .def("permute",
            [](Runtime& r, uintptr_t row_source, int num_permuted, int row_bytes, int scale_cols,
               bool with_probs, int blocks, uintptr_t out, uintptr_t out_probs, uintptr_t out_scales,

@@ -65,6 +65,22 @@ struct PermuteCall {
   float* out_scales;  // [num_permuted, scale_cols] or null
 };
 
+struct PermuteLayoutCall {
+  const bool* local_expert_routing_map;  // handle entry 4, [rows, E]
+  int rows;
+  int pad_multiple;
+  int num_permuted;
+  int32_t* dense_to_expert_map;    // [rows, E] out (handle entry 6)
+  int32_t* row_source;             // [num_permuted] out (the permute kernel's gather map)
+  int32_t* raw_tokens_per_expert;  // [E] out (handle entry 7)
+  int64_t* tokens_per_expert;      // [E] out
+  int32_t* overflow;               // [1] out (handle entry 10)
+  int blocks;
+};
+
+// The permuted layout, computed on the device (no host synchronisation).
+void run_permute_layout(Runtime& runtime, const PermuteLayoutCall& call, cudaStream_t stream);
+
 // Gathers this rank's received rows (still in its registered buffer) into expert-major order.
 void run_permute(Runtime& runtime, const PermuteCall& call, cudaStream_t stream);
 

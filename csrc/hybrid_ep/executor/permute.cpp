@@ -2,6 +2,21 @@
 
 namespace hybrid_ep {
 
+void run_permute_layout(Runtime& runtime, const PermuteLayoutCall& call, cudaStream_t stream) {
+  PermuteLayoutParams p{};
+  p.local_expert_routing_map = call.local_expert_routing_map;
+  p.rows = call.rows;
+  p.experts_per_rank = runtime.config().experts_per_rank;
+  p.pad_multiple = call.pad_multiple;
+  p.num_permuted = call.num_permuted;
+  p.dense_to_expert_map = call.dense_to_expert_map;
+  p.row_source = call.row_source;
+  p.raw_tokens_per_expert = call.raw_tokens_per_expert;
+  p.tokens_per_expert = call.tokens_per_expert;
+  p.overflow = call.overflow;
+  launch_permute_layout(p, call.blocks, stream);
+}
+
 void run_permute(Runtime& runtime, const PermuteCall& call, cudaStream_t stream) {
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();

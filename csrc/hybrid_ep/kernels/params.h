@@ -124,6 +124,21 @@ struct PermuteParams {
   float* out_scales;  // [P, scale_cols] or null
 };
 
+// The permuted layout (docs/semantics.md, dispatch_with_permute) from the local expert routing
+// map, on the device: expert segments padded to pad_multiple, cut at num_permuted rows.
+struct PermuteLayoutParams {
+  const bool* local_expert_routing_map;  // [rows, E]; rows at or past D are all false
+  int rows;                              // T*W
+  int experts_per_rank;                  // E
+  int pad_multiple;
+  int num_permuted;                // P
+  int32_t* dense_to_expert_map;    // [rows, E] out: permuted row, or -1
+  int32_t* row_source;             // [P] out: dispatch row * E + expert, or -1 (padding, tail)
+  int32_t* raw_tokens_per_expert;  // [E] out
+  int64_t* tokens_per_expert;      // [E] out: padded lengths of what fits into P
+  int32_t* overflow;               // [1] out: 1 when a selected row did not fit
+};
+
 // Unpermute: dense row i < D (read on the device) is the fp32 sum, ascending expert, of the
 // permuted rows dense_to_expert_map[i, e] >= 0; written into the registered combine region.
 struct UnpermuteParams {
@@ -151,6 +166,7 @@ void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
 void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream);
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream);
+void launch_permute_layout(const PermuteLayoutParams& p, int blocks, cudaStream_t stream);
 void launch_permute(const PermuteParams& p, int blocks, cudaStream_t stream);
 void launch_unpermute(const UnpermuteParams& p, int blocks, cudaStream_t stream);
 
