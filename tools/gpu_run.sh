@@ -102,8 +102,14 @@ write_summary() {
   {
     echo "# GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo
-    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(
-      [ -n "$(git status --porcelain 2>/dev/null | head -1)" ] && echo ' (+ uncommitted changes)')"
+    # The device tool copies the working tree, not always a current .git: the caller's label
+    # (HYBRID_EP_COMMIT) wins over what git says here.
+    if [ -n "${HYBRID_EP_COMMIT:-}" ]; then
+      echo "- commit: $HYBRID_EP_COMMIT (HYBRID_EP_COMMIT; git here: $(git rev-parse --short HEAD 2>/dev/null || echo none))"
+    else
+      echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(
+        [ -n "$(git status --porcelain 2>/dev/null | head -1)" ] && echo ' (+ uncommitted changes)')"
+    fi
     echo "- GPUs: ${GPU_COUNT:-?} x ${GPU_NAME:-?}; MPS: $([ "$MPS_USED" = 1 ] && echo on || echo off)"
     echo
     echo "| step | status | seconds | note |"
@@ -158,7 +164,7 @@ MPS_USED=0
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(hostname)"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "commit: ${HYBRID_EP_COMMIT:-unset} (HYBRID_EP_COMMIT); git: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
   echo "gpu count (nvidia-smi -L): $GPU_COUNT"
   echo "CUDA_VISIBLE_DEVICES: ${CUDA_VISIBLE_DEVICES:-unset}"
   echo "python: $PY = $(command -v "$PY" || echo missing)"
