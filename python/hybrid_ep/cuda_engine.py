@@ -237,15 +237,17 @@ class CudaEngine:
         return out, out_probs, out_scales
 
     def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
+        return self._combine(hidden, probs, layout, num_tokens, None)
+
+    def _combine(self, hidden, probs, layout: DispatchLayout, num_tokens: int,
+                 dense_to_expert_map):
+        """Both combines: rows in dispatch order, or (with ``dense_to_expert_map``) in permuted
+        order, unpermuted into the registered buffer first."""
         self.check_status()
         self._check_device(hidden)
         if hidden.dtype != torch.bfloat16:
             raise ValueError(f"hidden: {hidden.dtype} rows; the CUDA combine takes BF16 rows")
         self._row_bytes(hidden)
-        return self._combine(hidden, probs, layout, num_tokens, None)
-
-    def _combine(self, hidden, probs, layout: DispatchLayout, num_tokens: int,
-                 dense_to_expert_map):
         self._fresh_layout = False
         self._preprocessed = False
         out = torch.empty(num_tokens, hidden.shape[1], dtype=torch.bfloat16, device=self.device)
@@ -315,11 +317,6 @@ class CudaEngine:
                           num_dispatched: int | None, tokens: int, num_tokens: int):
         """Expert outputs in permuted order -> fp32 sums per dispatch row, written straight
         into the registered buffer (no rounding in between), then combine."""
-        self.check_status()
-        self._check_device(hidden)
-        if hidden.dtype != torch.bfloat16:
-            raise ValueError(f"hidden: {hidden.dtype} rows; the CUDA combine takes BF16 rows")
-        self._row_bytes(hidden)
         return self._combine(hidden, probs, layout, num_tokens, dense_to_expert_map.contiguous())
 
 

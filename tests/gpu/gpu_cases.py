@@ -353,8 +353,10 @@ def _dispatch_pair(ctx, buf, spec, x, sf, rt, stats, what, **extra):
 
 
 def nobody_received(handle) -> bool:
-    """Collective: no rank's dispatch received a row."""
-    rows = torch.tensor([handle[6].num_dispatched_tokens], dtype=torch.int64)
+    """Collective: no rank's dispatch received a row (a dispatch or a permute handle)."""
+    from hybrid_ep.handle import handle_config
+
+    rows = torch.tensor([handle_config(handle).num_dispatched_tokens], dtype=torch.int64)
     dist.all_reduce(rows)
     return int(rows) == 0
 

@@ -11,7 +11,6 @@ per expert, so rows drop; ``under``: two pads more) and ``non_blocking``.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from gpu_cases import (
     FP8_KINDS,
     Stats,
@@ -23,6 +22,7 @@ from gpu_cases import (
     job,
     make_hidden,
     make_routing,
+    nobody_received,
     routing_args,
 )
 
@@ -95,21 +95,13 @@ def permute_pair(ctx, buf, spec, x, sf, rt, stats, what, **extra):
     return out, ref
 
 
-def nobody_received_permuted(ref_handle) -> bool:
-    """Collective: no rank's reference dispatch received a row (see gpu_cases.reference_combine:
-    the reference cannot combine zero rows on every rank)."""
-    rows = torch.tensor([ref_handle[9].num_dispatched_tokens], dtype=torch.int64)
-    dist.all_reduce(rows)
-    return int(rows) == 0
-
-
 def unpermute_pair(ctx, buf, spec, handle, ref_handle, rows, salt, stats, what):
     g = ctx.generator(spec["seed"], ctx.rank, "unpermute", salt)
     y = torch.randn((rows, spec["H"]), generator=g, device=ctx.dev).to(torch.bfloat16)
     yp = torch.rand((rows,), generator=g, device=ctx.dev) if spec["with_probs"] else None
     common = {"pad_multiple": spec["pad"], "fuse_unpermute_combine": spec["fused"]}
     got = buf.combine_with_unpermute(hidden=y, probs=yp, handle=handle, **common)
-    if nobody_received_permuted(ref_handle):
+    if nobody_received(ref_handle):
         T = ref_handle[9].num_tokens
         exp = (torch.zeros((T, spec["H"]), dtype=torch.bfloat16),
                torch.zeros((T, spec["W"] * spec["E"])) if yp is not None else None)

@@ -59,30 +59,24 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   p.prob_cols = int(s.prob_cols());
   p.experts_per_rank = c.experts_per_rank;
   p.chunk = c.combine_chunk;
-  const int prob_bytes =
-      call.out_probs != nullptr && (c.experts_per_rank * 4) % 16 == 0 ? c.experts_per_rank * 4 : 0;
-  // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
-  // (or what HYBRID_EP_COMBINE_PIECES asks for, where the hidden size splits so).
-  const int element_bytes = p.fp32_input ? 4 : 2;
-  p.pieces = 1;
-  if (c.combine_pieces > 0 && p.hidden % (8 * c.combine_pieces) == 0) {
-    p.pieces = c.combine_pieces;
-  } else {
-    while (!runtime.combine_fits(
-               combine_stage_bytes(p.hidden / p.pieces * element_bytes, prob_bytes)) &&
-           p.hidden % (16 * p.pieces) == 0) {
-      p.pieces *= 2;
-    }
-  }
-  p.stages =
-      runtime.combine_stages(combine_stage_bytes(p.hidden / p.pieces * element_bytes, prob_bytes));
   p.combine_rows = l.combine_rows;
   p.combine_probs = l.combine_probs;
   p.out = call.out;
   // Not keyed on call.probs: an empty probs tensor has a null data pointer, and its combined
   // probs (all zero) must still be written.
   p.out_probs = call.out_probs;
-  p.probs_by_tma = prob_bytes != 0;
+  p.probs_by_tma = (c.experts_per_rank * 4) % 16 == 0;  // each copy's probs ride in its stage
+  // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
+  // (or what HYBRID_EP_COMBINE_PIECES asks for, where the hidden size splits so).
+  p.pieces = 1;
+  if (c.combine_pieces > 0 && p.hidden % (8 * c.combine_pieces) == 0) {
+    p.pieces = c.combine_pieces;
+  } else {
+    while (!runtime.combine_fits(combine_stage_bytes(p)) && p.hidden % (16 * p.pieces) == 0) {
+      p.pieces *= 2;
+    }
+  }
+  p.stages = runtime.combine_stages(combine_stage_bytes(p));
   launch_combine(p, c.sms_combine, stream);
 }
 

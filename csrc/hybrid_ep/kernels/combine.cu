@@ -49,6 +49,11 @@ struct Ring {
   __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
 };
 
+// Probs carried in a stage: each copy's own E columns, when they are 16-byte multiples.
+__host__ __device__ inline int ring_prob_bytes(const CombineParams& p) {
+  return p.out_probs != nullptr && p.probs_by_tma ? p.experts_per_rank * 4 : 0;
+}
+
 // Bytes of one copy's piece in the registered buffer (BF16 or fp32 input columns).
 __host__ __device__ inline int piece_bytes(const CombineParams& p) {
   return p.hidden / p.pieces * (p.fp32_input ? 4 : 2);
@@ -57,7 +62,7 @@ __host__ __device__ inline int piece_bytes(const CombineParams& p) {
 __device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p) {
   Ring ring;
   ring.stages = p.stages;
-  ring.prob_bytes = p.out_probs != nullptr && p.probs_by_tma ? p.experts_per_rank * 4 : 0;
+  ring.prob_bytes = ring_prob_bytes(p);
   ring.prob_at = align_up(piece_bytes(p), 16);
   ring.stride = stage_stride(piece_bytes(p), ring.prob_bytes);
   ring.rows = smem;
@@ -254,19 +259,19 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
 
 }  // namespace
 
-size_t combine_stage_bytes(int piece_bytes, int prob_bytes) {
-  return stage_stride(piece_bytes, prob_bytes) + 2 * sizeof(uint64_t);
+// The ring's shared memory, from the same params the kernel carves it with (carve_ring).
+size_t combine_stage_bytes(const CombineParams& p) {
+  return stage_stride(piece_bytes(p), ring_prob_bytes(p)) + 2 * sizeof(uint64_t);
 }
 
-size_t combine_smem_bytes(int piece_bytes, int prob_bytes, int stages, int chunk, int ranks) {
-  return size_t(stage_stride(piece_bytes, prob_bytes)) * stages + 2 * sizeof(uint64_t) * stages +
-         2 * sizeof(int32_t) * chunk * ranks + sizeof(int32_t) * chunk + 16;
+size_t combine_reserved_smem(int chunk, int ranks) {
+  // Both roles' routes, the copies per token of a chunk, the issue counter.
+  return (2 * size_t(ranks) + 1) * sizeof(int32_t) * size_t(chunk) + 16;
 }
 
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream) {
-  const int prob_bytes = p.out_probs != nullptr && p.probs_by_tma ? p.experts_per_rank * 4 : 0;
   const size_t smem =
-      combine_smem_bytes(piece_bytes(p), prob_bytes, p.stages, p.chunk, p.domain.ranks);
+      combine_stage_bytes(p) * size_t(p.stages) + combine_reserved_smem(p.chunk, p.domain.ranks);
   allow_dynamic_smem(reinterpret_cast<const void*>(combine_kernel), smem);
   combine_kernel<<<blocks, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());

@@ -158,7 +158,9 @@ struct UnpermuteParams {
 int dispatch_min_stages();
 size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
 bool dispatch_side_data_by_tma(const DispatchParams& p);
-size_t combine_stage_bytes(int piece_bytes, int prob_bytes);
+// Per stage for p's pieces, input type and probs; and the rest of the kernel's shared memory.
+size_t combine_stage_bytes(const CombineParams& p);
+size_t combine_reserved_smem(int chunk, int ranks);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);

@@ -108,19 +108,15 @@ int Runtime::dispatch_stages(size_t stage_bytes) const {
                      smem_limit_);
 }
 
-size_t Runtime::combine_reserved_smem() const {
-  // Both roles' routes, the copies per token of a chunk, the issue counter (combine.cu).
-  return (2 * size_t(config_.ranks) + 1) * sizeof(int32_t) * size_t(config_.combine_chunk) + 16;
-}
-
 int Runtime::combine_stages(size_t stage) const {
   // A piece's copies (up to one per local rank) must fit at once, plus room to prefetch.
   return ring_stages(std::max(config_.stages_combine, config_.ranks + 1), config_.ranks, stage,
-                     combine_reserved_smem(), smem_limit_);
+                     combine_reserved_smem(config_.combine_chunk, config_.ranks), smem_limit_);
 }
 
 bool Runtime::combine_fits(size_t stage) const {
-  const size_t usable = size_t(smem_limit_) - combine_reserved_smem() - 1024;
+  const size_t usable =
+      size_t(smem_limit_) - combine_reserved_smem(config_.combine_chunk, config_.ranks) - 1024;
   return usable / stage >= size_t(config_.ranks) + 1;
 }
 

@@ -78,7 +78,6 @@ class Runtime {
   int64_t* device_summary_ = nullptr;
   DeviceStatus* device_status_ = nullptr;
   DomainView domain_{};
-  size_t combine_reserved_smem() const;
   int smem_limit_ = 0;
   bool connected_ = false;
 };
