@@ -4,8 +4,8 @@
 # whole-program (no -rdc). Variables are described in cmake/Transport.cmake.
 
 set(HYBRID_EP_BACKEND_NAME "p2p")
-# Sources land here as the backend is written (host side of the transport contract).
-set(HYBRID_EP_BACKEND_SOURCES "")
+# The host side of the transport contract (the device side is transport_backend.cuh).
+set(HYBRID_EP_BACKEND_SOURCES "${CMAKE_CURRENT_LIST_DIR}/transport_backend.cpp")
 # The backend's device header is included by a fixed name from this folder.
 set(HYBRID_EP_BACKEND_INCLUDE_DIRS "${CMAKE_CURRENT_LIST_DIR}")
 set(HYBRID_EP_BACKEND_LINK_LIBRARIES "")

@@ -16,7 +16,8 @@ from .engines import NeedsGrowth
 from .reference.layout import DispatchLayout, PermuteLayout, ceil_div, ceil_div_tensor
 from .topology import Topology, gather_objects
 
-_WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag"}
+_WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag",
+               4: "network flag"}
 
 
 class HybridEPTimeoutError(RuntimeError):
@@ -85,6 +86,7 @@ class CudaEngine:
         rc.sms_preprocessing = config.num_sms_preprocessing_api
         rc.timeout_s = self.env.timeout_s
         rc.combine_pieces = self.env.combine_pieces
+        rc.channels = self.env.num_channels
         rc.fabric = self.use_mnnvl
         self.config = config
         self.experts = config.num_local_experts
@@ -92,6 +94,11 @@ class CudaEngine:
         handles = gather_objects(self.runtime.export_handle(), self.group)
         first = self.topo.node_rank * self.topo.ranks_per_domain
         self.runtime.open_peers(handles[first:first + self.topo.ranks_per_domain])
+        # The transport reaches this rank's peer (same local rank) in every other domain.
+        blobs = gather_objects(self.runtime.transport_bootstrap(), self.group)
+        R = self.topo.ranks_per_domain
+        self.runtime.connect_transport(
+            [blobs[n * R + self.topo.local_rank] for n in range(self.topo.num_of_nodes)])
 
     def grow(self, config: HybridEPConfig) -> None:
         """Collective: every rank replaces its registered buffer with a larger one."""
@@ -123,8 +130,10 @@ class CudaEngine:
         status = self.runtime.status()
         if status["code"] != 0:
             site = _WAIT_SITES.get(status["site"], f"site {status['site']}")
+            peer = (f"the peer in domain {status['peer']}" if status["site"] == 4
+                    else f"local rank {status['peer']}")
             raise HybridEPTimeoutError(
-                f"rank {self.topo.rank}: GPU wait at the {site} for local rank {status['peer']} "
+                f"rank {self.topo.rank}: GPU wait at the {site} for {peer} "
                 f"(slot {status['slot']}) timed out after {self.env.timeout_s:g} s: expected "
                 f"{status['expected']}, saw {status['seen']}. A peer died, hangs, or called a "
                 "different operation; this buffer cannot be used any more "

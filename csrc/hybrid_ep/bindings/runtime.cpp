@@ -53,6 +53,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("sms_preprocessing", &RuntimeConfig::sms_preprocessing)
       .def_readwrite("timeout_s", &RuntimeConfig::timeout_s)
       .def_readwrite("combine_pieces", &RuntimeConfig::combine_pieces)
+      .def_readwrite("channels", &RuntimeConfig::channels)
       .def_readwrite("fabric", &RuntimeConfig::fabric);
 
   py::class_<Runtime>(m, "Runtime")
@@ -63,6 +64,32 @@ void register_runtime(py::module_& m) {
              std::vector<std::string> raw(handles.begin(), handles.end());
              r.open_peers(raw);
            })
+      .def("transport_bootstrap",
+           [](const Runtime& r) { return py::bytes(r.transport_bootstrap()); })
+      .def("connect_transport",
+           [](Runtime& r, const std::vector<py::bytes>& blobs) {
+             std::vector<std::string> raw(blobs.begin(), blobs.end());
+             r.connect_transport(raw);
+           })
+      .def("transport_counters",
+           [](const Runtime& r) {
+             py::list out;
+             for (const ChannelCounters& c : r.transport_counters()) {
+               py::dict d;
+               d["puts"] = c.puts;
+               d["signals"] = c.signals;
+               d["bytes"] = c.bytes;
+               out.append(d);
+             }
+             return out;
+           })
+      .def("reset_transport_counters", &Runtime::reset_transport_counters)
+      .def(
+          "transport_check",
+          [](Runtime& r, size_t bytes, int channel, uintptr_t stream) {
+            return run_transport_check(r, bytes, channel, stream_of(stream));
+          },
+          py::call_guard<py::gil_scoped_release>())
       .def("registered_bytes", [](const Runtime& r) { return r.layout().total; })
       .def("status", [](const Runtime& r) { return status_dict(r.status()); })
       .def(

@@ -108,4 +108,9 @@ struct CombineCall {
 // sums), barrier, pull-and-reduce kernel.
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
+// Transport self-test (kernels/transport_check.cu): returns the bytes that arrived wrong or
+// not at all from the peers of the other domains. Synchronises the stream.
+unsigned long long run_transport_check(Runtime& runtime, size_t bytes, int channel,
+                                       cudaStream_t stream);
+
 }  // namespace hybrid_ep

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "hybrid_ep/kernels/common/status.h"
+#include "hybrid_ep/transport/transport.h"
 
 namespace hybrid_ep {
 
@@ -154,6 +155,19 @@ struct UnpermuteParams {
   float* dense_probs;   // [D, prob_cols] (only this rank's columns are written) or null
 };
 
+// Transport self-test: every rank puts `bytes` of a pattern into the peer of every other domain
+// (scratch slot 1 + its domain) and signals it; then checks the slots its peers wrote.
+struct TransportCheckParams {
+  DomainView domain;
+  TransportContext transport;
+  size_t scratch;        // region offset: slot 0 is this rank's source pattern
+  size_t network_flags;  // region offset of the [N, max chunks] flags (chunk 0 is used)
+  int max_chunks;
+  int channel;
+  size_t bytes;
+  unsigned long long* mismatches;  // device: wrong bytes (a timed-out peer counts all)
+};
+
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.
 int dispatch_min_stages();
 size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
@@ -171,5 +185,6 @@ void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream);
 void launch_permute_layout(const PermuteLayoutParams& p, int blocks, cudaStream_t stream);
 void launch_permute(const PermuteParams& p, int blocks, cudaStream_t stream);
 void launch_unpermute(const UnpermuteParams& p, int blocks, cudaStream_t stream);
+void launch_transport_check(const TransportCheckParams& p, cudaStream_t stream);
 
 }  // namespace hybrid_ep

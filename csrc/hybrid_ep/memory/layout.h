@@ -20,6 +20,7 @@ struct BufferShape {
   int64_t prob_cols() const { return experts_per_rank * ranks; }  // one domain's columns
   int64_t max_rows() const { return world * max_tokens; }         // worst case received rows
   int64_t max_chunks() const { return (max_tokens + dispatch_chunk - 1) / dispatch_chunk; }
+  int64_t nodes() const { return world / ranks; }
 };
 
 struct BufferLayout {
@@ -35,6 +36,7 @@ struct BufferLayout {
   size_t barrier_flags;    // uint64 [R]: one per sending local rank
   size_t allgather_flags;  // uint64 [R]
   size_t dispatch_flags;   // uint64 [R, max chunks]
+  size_t network_flags;    // uint64 [N, max chunks]: signals from the peer of each domain
   size_t flags_begin, flags_end;
   size_t total;
 
@@ -60,6 +62,7 @@ struct BufferLayout {
     l.barrier_flags = take(sizeof(uint64_t) * s.ranks);
     l.allgather_flags = take(sizeof(uint64_t) * s.ranks);
     l.dispatch_flags = take(sizeof(uint64_t) * s.ranks * s.max_chunks());
+    l.network_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
     l.flags_end = at;
     l.total = at;
     return l;

@@ -100,41 +100,56 @@ std::string SymmetricBuffer::export_handle() const {
   return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
 }
 
+PeerMapping map_peer(HandleKind kind, const std::string& handle, size_t bytes,
+                     const std::string& who) {
+  PeerMapping mapping;
+  if (kind == HandleKind::kCudaIpc) {
+    cudaIpcMemHandle_t ipc;
+    if (handle.size() != sizeof(ipc)) {
+      throw std::invalid_argument("malformed CUDA IPC handle of " + who);
+    }
+    std::memcpy(&ipc, handle.data(), sizeof(ipc));
+    void* address = nullptr;
+    HYBRID_EP_CUDA_CHECK(cudaIpcOpenMemHandle(&address, ipc, cudaIpcMemLazyEnablePeerAccess));
+    mapping.address = static_cast<uint8_t*>(address);
+    return mapping;
+  }
+  CUmemFabricHandle fabric;
+  if (handle.size() != sizeof(fabric)) {
+    throw std::invalid_argument("malformed fabric handle of " + who);
+  }
+  std::memcpy(&fabric, handle.data(), sizeof(fabric));
+  CUmemGenericAllocationHandle imported = 0;
+  HYBRID_EP_CU_CHECK(driver::api().import_handle(&imported, &fabric, CU_MEM_HANDLE_TYPE_FABRIC));
+  mapping.imported = imported;
+  const int device = current_device();
+  const CUmemAllocationProp prop = fabric_properties(device);
+  mapping.address = map_fabric(imported, bytes, fabric_granularity(prop), device);
+  return mapping;
+}
+
+void unmap_peer(HandleKind kind, const PeerMapping& mapping, size_t bytes) noexcept {
+  if (mapping.address == nullptr) return;
+  if (kind == HandleKind::kCudaIpc) {
+    cudaIpcCloseMemHandle(mapping.address);
+  } else {
+    unmap_fabric(mapping.address, bytes);
+    driver::api().mem_release(mapping.imported);
+  }
+}
+
 void SymmetricBuffer::open_peers(const std::vector<std::string>& handles, int self) {
   close_peers();
   self_ = self;
   peers_.assign(handles.size(), nullptr);
-  peer_handles_.assign(handles.size(), 0);
-  const int device = current_device();
+  mappings_.assign(handles.size(), PeerMapping{});
   for (size_t j = 0; j < handles.size(); ++j) {
     if (int(j) == self) {
       peers_[j] = local_;  // a process cannot open its own IPC handle
       continue;
     }
-    if (kind_ == HandleKind::kCudaIpc) {
-      cudaIpcMemHandle_t handle;
-      if (handles[j].size() != sizeof(handle)) {
-        throw std::invalid_argument("open_peers: malformed CUDA IPC handle of local rank " +
-                                    std::to_string(j));
-      }
-      std::memcpy(&handle, handles[j].data(), sizeof(handle));
-      void* address = nullptr;
-      HYBRID_EP_CUDA_CHECK(cudaIpcOpenMemHandle(&address, handle, cudaIpcMemLazyEnablePeerAccess));
-      peers_[j] = static_cast<uint8_t*>(address);
-    } else {
-      CUmemFabricHandle handle;
-      if (handles[j].size() != sizeof(handle)) {
-        throw std::invalid_argument("open_peers: malformed fabric handle of local rank " +
-                                    std::to_string(j));
-      }
-      std::memcpy(&handle, handles[j].data(), sizeof(handle));
-      CUmemGenericAllocationHandle imported = 0;
-      HYBRID_EP_CU_CHECK(
-          driver::api().import_handle(&imported, &handle, CU_MEM_HANDLE_TYPE_FABRIC));
-      peer_handles_[j] = imported;
-      const CUmemAllocationProp prop = fabric_properties(device);
-      peers_[j] = map_fabric(imported, bytes_, fabric_granularity(prop), device);
-    }
+    mappings_[j] = map_peer(kind_, handles[j], bytes_, "local rank " + std::to_string(j));
+    peers_[j] = mappings_[j].address;
   }
   HYBRID_EP_CUDA_CHECK(
       cudaMalloc(reinterpret_cast<void**>(&peer_table_), sizeof(uint8_t*) * peers_.size()));
@@ -143,17 +158,9 @@ void SymmetricBuffer::open_peers(const std::vector<std::string>& handles, int se
 }
 
 void SymmetricBuffer::close_peers() noexcept {
-  for (size_t j = 0; j < peers_.size(); ++j) {
-    if (int(j) == self_ || peers_[j] == nullptr) continue;
-    if (kind_ == HandleKind::kCudaIpc) {
-      cudaIpcCloseMemHandle(peers_[j]);
-    } else {
-      unmap_fabric(peers_[j], bytes_);
-      driver::api().mem_release(peer_handles_[j]);
-    }
-  }
+  for (const PeerMapping& mapping : mappings_) unmap_peer(kind_, mapping, bytes_);
   peers_.clear();
-  peer_handles_.clear();
+  mappings_.clear();
   if (peer_table_ != nullptr) cudaFree(peer_table_);
   peer_table_ = nullptr;
 }

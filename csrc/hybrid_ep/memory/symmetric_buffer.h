@@ -14,6 +14,16 @@ namespace hybrid_ep {
 
 enum class HandleKind { kCudaIpc, kFabric };
 
+// A peer's allocation mapped into this process from its exported handle bytes.
+struct PeerMapping {
+  uint8_t* address = nullptr;
+  unsigned long long imported = 0;  // cuMem allocation handle (fabric kind)
+};
+// `who` names the peer in errors (a malformed handle). Throws CudaError on a failed call.
+PeerMapping map_peer(HandleKind kind, const std::string& handle, size_t bytes,
+                     const std::string& who);
+void unmap_peer(HandleKind kind, const PeerMapping& mapping, size_t bytes) noexcept;
+
 class SymmetricBuffer {
  public:
   SymmetricBuffer(size_t bytes, HandleKind kind);
@@ -27,6 +37,7 @@ class SymmetricBuffer {
 
   uint8_t* local() const { return local_; }
   size_t bytes() const { return bytes_; }
+  HandleKind kind() const { return kind_; }
   // Device array of the peers' base addresses, valid after open_peers().
   uint8_t* const* peer_table() const { return peer_table_; }
   const std::vector<uint8_t*>& peers() const { return peers_; }
@@ -39,7 +50,7 @@ class SymmetricBuffer {
   uint8_t* local_ = nullptr;
   unsigned long long local_handle_ = 0;  // cuMem allocation handle (fabric kind)
   std::vector<uint8_t*> peers_;
-  std::vector<unsigned long long> peer_handles_;  // imported cuMem handles (fabric kind)
+  std::vector<PeerMapping> mappings_;
   uint8_t** peer_table_ = nullptr;
   int self_ = -1;
 };

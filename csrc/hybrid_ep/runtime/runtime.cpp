@@ -41,6 +41,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   layout_ = BufferLayout::make(shape_);
   buffer_ = std::make_unique<SymmetricBuffer>(
       layout_.total, config_.fabric ? HandleKind::kFabric : HandleKind::kCudaIpc);
+  transport_ = std::make_unique<TransportHost>(
+      TransportSetup{buffer_.get(), config_.nodes, config_.node_rank, config_.channels});
   const size_t counters = layout_.flags_end - layout_.flags_begin;
   HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&expected_), counters));
   HYBRID_EP_CUDA_CHECK(cudaMemset(expected_, 0, counters));
@@ -95,6 +97,17 @@ void Runtime::open_peers(const std::vector<std::string>& handles) {
   domain_.abort = abort_;
   domain_.timeout_ns = uint64_t(config_.timeout_s * 1e9);
   connected_ = true;
+}
+
+void Runtime::connect_transport(const std::vector<std::string>& blobs) {
+  transport_->connect(blobs);
+  transport_context_ = transport_->context();
+  transport_connected_ = true;
+}
+
+const TransportContext& Runtime::transport() const {
+  if (!transport_connected_) throw std::logic_error("Runtime: transport is not connected yet");
+  return transport_context_;
 }
 
 const DomainView& Runtime::domain() const {

@@ -14,6 +14,7 @@
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/memory/layout.h"
 #include "hybrid_ep/memory/symmetric_buffer.h"
+#include "hybrid_ep/transport/transport.h"
 
 namespace hybrid_ep {
 
@@ -35,6 +36,7 @@ struct RuntimeConfig {
   int sms_preprocessing = 32;
   double timeout_s = 30.0;
   int combine_pieces = 0;  // column pieces of a combine row; 0: automatic
+  int channels = 1;        // transport channels per peer (HYBRID_EP_NUM_CHANNELS)
   bool fabric = false;     // cuMem fabric handles (multi-node NVLink)
 };
 
@@ -54,6 +56,15 @@ class Runtime {
   bool connected() const { return connected_; }
 
   const DomainView& domain() const;
+
+  // The transport to the peers of the other domains (every build has one; with one domain it
+  // connects to nothing). Bootstrap blobs travel through the caller's process group like the
+  // buffer handles: connect_transport(blobs[n] = the peer of domain n).
+  std::string transport_bootstrap() const { return transport_->bootstrap(); }
+  void connect_transport(const std::vector<std::string>& blobs);
+  const TransportContext& transport() const;
+  std::vector<ChannelCounters> transport_counters() const { return transport_->counters(); }
+  void reset_transport_counters() { transport_->reset_counters(); }
   uint8_t* registered() const { return buffer_->local(); }
   uint64_t* dest_masks() const { return dest_masks_; }
   int64_t* host_summary() const { return host_summary_; }
@@ -70,6 +81,9 @@ class Runtime {
   BufferShape shape_;
   BufferLayout layout_;
   std::unique_ptr<SymmetricBuffer> buffer_;
+  std::unique_ptr<TransportHost> transport_;
+  TransportContext transport_context_{};
+  bool transport_connected_ = false;
   uint64_t* expected_ = nullptr;     // consumer counters of the flag region
   uint64_t* dest_masks_ = nullptr;   // metadata scratch
   DeviceStatus* status_ = nullptr;   // host-mapped

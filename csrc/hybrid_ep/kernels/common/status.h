@@ -13,6 +13,7 @@ enum class WaitSite : int32_t {
   kBarrier = 1,
   kAllgather = 2,
   kDispatchChunk = 3,
+  kNetworkFlag = 4,
 };
 
 struct DeviceStatus {

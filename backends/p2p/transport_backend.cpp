@@ -1,0 +1,87 @@
+#include "transport_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+
+#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/transport/transport.h"
+
+namespace hybrid_ep {
+
+TransportHost::TransportHost(const TransportSetup& setup)
+    : registered_(setup.registered),
+      nodes_(setup.nodes),
+      node_rank_(setup.node_rank),
+      channels_(setup.channels) {
+  if (nodes_ < 1 || node_rank_ < 0 || node_rank_ >= nodes_ || channels_ < 1) {
+    throw std::invalid_argument(
+        "transport: need nodes >= 1, 0 <= node_rank < nodes and "
+        "channels >= 1 (got " +
+        std::to_string(nodes_) + ", " + std::to_string(node_rank_) + ", " +
+        std::to_string(channels_) + ")");
+  }
+  const size_t bytes = sizeof(ChannelCounters) * size_t(channels_);
+  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_), bytes));
+  HYBRID_EP_CUDA_CHECK(cudaMemset(counters_, 0, bytes));
+}
+
+TransportHost::~TransportHost() {
+  disconnect();
+  if (counters_ != nullptr) cudaFree(counters_);
+}
+
+std::string TransportHost::bootstrap() const { return registered_->export_handle(); }
+
+void TransportHost::connect(const std::vector<std::string>& blobs) {
+  if (int(blobs.size()) != nodes_) {
+    throw std::invalid_argument("transport connect: expected " + std::to_string(nodes_) +
+                                " bootstrap blobs (one per domain), got " +
+                                std::to_string(blobs.size()));
+  }
+  disconnect();
+  mappings_.assign(nodes_, PeerMapping{});
+  std::vector<uint8_t*> bases(nodes_, nullptr);
+  for (int n = 0; n < nodes_; ++n) {
+    if (n == node_rank_) {
+      bases[n] = registered_->local();
+      continue;
+    }
+    mappings_[n] = map_peer(registered_->kind(), blobs[n], registered_->bytes(),
+                            "the peer in domain " + std::to_string(n));
+    bases[n] = mappings_[n].address;
+  }
+  HYBRID_EP_CUDA_CHECK(
+      cudaMalloc(reinterpret_cast<void**>(&node_bases_), sizeof(uint8_t*) * bases.size()));
+  HYBRID_EP_CUDA_CHECK(cudaMemcpy(node_bases_, bases.data(), sizeof(uint8_t*) * bases.size(),
+                                  cudaMemcpyHostToDevice));
+  connected_ = true;
+}
+
+void TransportHost::disconnect() noexcept {
+  for (const PeerMapping& mapping : mappings_) {
+    unmap_peer(registered_->kind(), mapping, registered_->bytes());
+  }
+  mappings_.clear();
+  if (node_bases_ != nullptr) cudaFree(node_bases_);
+  node_bases_ = nullptr;
+  connected_ = false;
+}
+
+TransportContext TransportHost::context() const {
+  if (!connected_) throw std::logic_error("transport: connect() first");
+  return TransportContext{node_bases_, counters_, nodes_, node_rank_, channels_};
+}
+
+std::vector<ChannelCounters> TransportHost::counters() const {
+  std::vector<ChannelCounters> out(channels_);
+  HYBRID_EP_CUDA_CHECK(cudaMemcpy(out.data(), counters_, sizeof(ChannelCounters) * out.size(),
+                                  cudaMemcpyDeviceToHost));
+  return out;
+}
+
+void TransportHost::reset_counters() {
+  HYBRID_EP_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(ChannelCounters) * size_t(channels_)));
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,42 @@
+// The transport contract, host side (DESIGN.md section 3). Traffic between NVLink domains goes
+// through it; exactly one backend per build (backends/<name>, chosen by HYBRID_EP_TRANSPORT)
+// supplies, from its header `transport_backend.h`:
+//
+//   struct TransportContext     POD passed by value in kernel parameters (the device side
+//                               reads it, see transport_device.cuh); holds the per-channel
+//                               counters' device address.
+//   class TransportHost
+//     TransportHost(const TransportSetup&)        allocates what the backend needs locally
+//     std::string bootstrap() const               bytes the peers of other domains need
+//     void connect(const std::vector<std::string>& blobs)
+//                                                  blobs[n]: bootstrap() of this rank's peer
+//                                                  in domain n (n = node_rank is our own)
+//     TransportContext context() const            valid after connect()
+//     std::vector<ChannelCounters> counters() const   a synchronous read
+//     void reset_counters()
+//
+// The peer of domain n is the rank with this rank's local index in domain n. Channels are
+// independent queues per peer (HYBRID_EP_NUM_CHANNELS); block b of a kernel uses channel
+// b % channels.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hybrid_ep/memory/symmetric_buffer.h"
+#include "hybrid_ep/transport/counters.h"
+
+namespace hybrid_ep {
+
+struct TransportSetup {
+  const SymmetricBuffer* registered;  // this rank's registered buffer: what peers write into
+  int nodes;                          // N domains
+  int node_rank;                      // this rank's domain
+  int channels;                       // >= 1
+};
+
+}  // namespace hybrid_ep
+
+#include "transport_backend.h"  // the backend's TransportContext and TransportHost

@@ -1,0 +1,20 @@
+// The transport contract, device side (DESIGN.md section 3). The backend's header
+// `transport_backend.cuh` supplies `struct TransportDevice` with these static members, each
+// called by every lane of one warp with the same arguments (`lane` = the caller's lane):
+//
+//   put(ctx, channel, node, remote_offset, src, bytes, lane)
+//       Non-blocking contiguous write of `bytes` from local `src` to offset `remote_offset` of
+//       the registered buffer of the peer in domain `node`. Counts one put and `bytes`.
+//   signal(ctx, channel, node, flag_offset, value, lane)
+//       Adds `value` to the 64-bit flag at `flag_offset` of that peer's registered buffer; the
+//       receiver sees it only after every earlier put of this warp on the same channel to the
+//       same peer. Counts one signal.
+//   flush(ctx, channel, lane)
+//       Returns when the sources of this warp's earlier puts on the channel may be reused.
+//
+// Waiting for a flag is a plain acquire load of local memory and belongs to the kernels
+// (kernels/common/flags.cuh). Kernels name no backend: they use TransportDevice.
+#pragma once
+
+#include "hybrid_ep/transport/transport.h"
+#include "transport_backend.cuh"
