@@ -56,3 +56,78 @@ def transport_check(ctx, nodes: int, channels: int, nbytes: int, rounds: int) ->
                 "bytes": uses * (nodes - 1) * nbytes}
         assert c == want, f"{ctx.where()} channel {channel} counters {c}, expected {want}"
     return {"rank": rank, "counters": counters}
+
+
+def _network_inputs(seed: int, rank: int, tokens: int, nodes: int, row_bytes: int,
+                    pattern: str):
+    """Rank ``rank``'s goes [T, N-1] and rows [T, row_bytes] (CPU), regenerable anywhere."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    if pattern == "dense":
+        goes = torch.ones(tokens, nodes - 1, dtype=torch.bool)
+    elif pattern == "runs":  # runs of 5 tokens, gaps of 3, shifted per domain
+        t = torch.arange(tokens).unsqueeze(1) + torch.arange(nodes - 1).unsqueeze(0)
+        goes = (t % 8) < 5
+    else:  # random, with the first domain left out of one chunk-sized stretch
+        goes = torch.rand(tokens, nodes - 1, generator=g) < 0.5
+        goes[: tokens // 3, 0] = False
+    rows = torch.randint(0, 256, (tokens, row_bytes), generator=g, dtype=torch.uint8)
+    return goes, rows
+
+
+@job
+def network_send(ctx, nodes: int, chunk: int, pattern: str, channels: int, rounds: int) -> dict:
+    """The network leg's runs, puts and signals: every peer's rows land in this rank's receive
+    tiles where its routing says so, and the counters equal the reference's count."""
+    from hybrid_ep.reference.network import RowWidths, TransportStats, count_dispatch_sends
+
+    C = native.module()
+    W, rank = ctx.W, ctx.rank
+    R = W // nodes
+    node, local = rank // R, rank % R
+    T, row_bytes, blocks = 200, 1040, 3
+    rc = C.RuntimeConfig()
+    rc.world, rc.ranks, rc.nodes, rc.node_rank, rc.local_rank = W, R, nodes, node, local
+    rc.experts_per_rank, rc.max_tokens, rc.hidden = 2, T, 1024
+    rc.dispatch_chunk = chunk
+    rc.sms_dispatch = rc.sms_combine = rc.sms_preprocessing = ctx.sms
+    rc.channels = channels
+    rc.timeout_s = 30.0
+    runtime = C.Runtime(rc)
+    group = dist.group.WORLD
+    handles = gather_objects(runtime.export_handle(), group)
+    runtime.open_peers(handles[node * R:(node + 1) * R])
+    blobs = gather_objects(runtime.transport_bootstrap(), group)
+    runtime.connect_transport([blobs[n * R + local] for n in range(nodes)])
+    stream = torch.cuda.current_stream().cuda_stream
+    want = TransportStats.with_channels(channels)
+    offsets = runtime.layout_offsets()
+    for n in range(rounds):
+        goes, rows = _network_inputs(n, rank, T, nodes, row_bytes, pattern)
+        goes_d, rows_d = goes.to(ctx.dev), rows.to(ctx.dev)
+        dist.barrier()
+        runtime.network_send_check(goes_d.data_ptr(), rows_d.data_ptr(), T, row_bytes, blocks,
+                                   stream)
+        status = runtime.status()
+        assert status["code"] == 0, f"{ctx.where()} round {n}: network wait failed: {status}"
+        tiles = torch.empty(nodes * T * row_bytes, dtype=torch.uint8, device=ctx.dev)
+        runtime.copy_registered(offsets["net_rows"], tiles.numel(), tiles.data_ptr(), stream)
+        tiles = tiles.view(nodes, T, row_bytes).cpu()
+        for source_node in range(nodes):
+            if source_node == node:
+                continue
+            src_goes, src_rows = _network_inputs(n, source_node * R + local, T, nodes, row_bytes,
+                                                 pattern)
+            mine = src_goes[:, node if node < source_node else node - 1]
+            assert torch.equal(tiles[source_node][mine], src_rows[mine]), \
+                f"{ctx.where()} round {n}: rows from domain {source_node} differ"
+        count_dispatch_sends(want, goes, T, chunk, blocks, RowWidths(row_bytes, 0, 0))
+        dist.barrier()  # every peer read its tiles before the next round overwrites them
+    got = runtime.transport_counters()
+    expected = want.as_dict()["channels"]
+    dist.barrier()
+    torch.cuda.synchronize()
+    dist.barrier()
+    del runtime
+    gc.collect()
+    assert got == expected, f"{ctx.where()} counters {got}, the reference counts {expected}"
+    return {"rank": rank, "counters": got}

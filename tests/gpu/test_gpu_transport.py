@@ -24,3 +24,22 @@ def test_transport_check(gpu_pools, W, placement, nodes, nbytes):
     results = gpu_pools.run(W, placement, "transport_check", module="gpu_transport_cases",
                             nodes=nodes, channels=2, nbytes=nbytes, rounds=5)
     assert len(results) == W
+
+
+# (ranks, domains, dispatch chunk, routing pattern): tail chunks (200 tokens), dense chunks
+# (one put per chunk and domain), short runs, random routing with an empty stretch.
+NETWORK_CASES = [(2, 2, 64, "dense"), (4, 2, 64, "runs"), (8, 4, 48, "random"),
+                 (8, 8, 64, "random"), (4, 4, 100, "runs")]
+
+
+@pytest.mark.parametrize(
+    "W,placement,nodes,chunk,pattern",
+    [placement_param(W, "shared", nodes, chunk, pattern,
+                     id_extra=f"{nodes}domains-chunk{chunk}-{pattern}")
+     for W, nodes, chunk, pattern in NETWORK_CASES])
+def test_network_send(gpu_pools, W, placement, nodes, chunk, pattern):
+    """The dispatch network leg's sends: rows arrive where the routing says, and the put,
+    signal and byte counters per channel equal the reference engine's count."""
+    results = gpu_pools.run(W, placement, "network_send", module="gpu_transport_cases",
+                            nodes=nodes, chunk=chunk, pattern=pattern, channels=2, rounds=3)
+    assert len(results) == W

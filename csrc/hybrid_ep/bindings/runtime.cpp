@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "hybrid_ep/executor/executor.h"
+#include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/runtime/runtime.h"
 
 namespace py = pybind11;
@@ -90,6 +91,32 @@ void register_runtime(py::module_& m) {
             return run_transport_check(r, bytes, channel, stream_of(stream));
           },
           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "network_send_check",
+          [](Runtime& r, uintptr_t goes, uintptr_t rows, int num_tokens, int row_bytes, int blocks,
+             uintptr_t stream) {
+            run_network_send_check(r, ptr<const bool>(goes), ptr<const uint8_t>(rows), num_tokens,
+                                   row_bytes, blocks, stream_of(stream));
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def("layout_offsets",
+           [](const Runtime& r) {
+             const BufferLayout& l = r.layout();
+             py::dict d;
+             d["net_rows"] = l.net_rows;
+             d["network_flags"] = l.network_flags;
+             d["combine_rows"] = l.combine_rows;
+             d["total"] = l.total;
+             return d;
+           })
+      .def("copy_registered",
+           [](const Runtime& r, size_t offset, size_t bytes, uintptr_t dst, uintptr_t stream) {
+             if (offset + bytes > r.layout().total) {
+               throw std::invalid_argument("copy_registered: bytes past the registered buffer");
+             }
+             HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(ptr<uint8_t>(dst), r.registered() + offset, bytes,
+                                                  cudaMemcpyDeviceToDevice, stream_of(stream)));
+           })
       .def("registered_bytes", [](const Runtime& r) { return r.layout().total; })
       .def("status", [](const Runtime& r) { return status_dict(r.status()); })
       .def(

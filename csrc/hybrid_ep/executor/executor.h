@@ -113,4 +113,11 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
 unsigned long long run_transport_check(Runtime& runtime, size_t bytes, int channel,
                                        cudaStream_t stream);
 
+// Network-leg check (kernels/network_send_check.cu): this rank's rows [num_tokens, row_bytes]
+// go to the receive tiles of the peer of every other domain where goes[t, k] says so (runs
+// per chunk, one signal per chunk and domain); returns once the peers' chunks have arrived
+// here (read them with copy_registered at layout offset net_rows). Synchronises the stream.
+void run_network_send_check(Runtime& runtime, const bool* goes, const uint8_t* rows, int num_tokens,
+                            int row_bytes, int blocks, cudaStream_t stream);
+
 }  // namespace hybrid_ep

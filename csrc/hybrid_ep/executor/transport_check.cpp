@@ -47,4 +47,33 @@ unsigned long long run_transport_check(Runtime& runtime, size_t bytes, int chann
   return result;
 }
 
+void run_network_send_check(Runtime& runtime, const bool* goes, const uint8_t* rows, int num_tokens,
+                            int row_bytes, int blocks, cudaStream_t stream) {
+  const RuntimeConfig& c = runtime.config();
+  const BufferLayout& l = runtime.layout();
+  const BufferShape& s = runtime.shape();
+  // Like dispatch, every chunk of the buffer's T tokens is sent and signalled: the maps are
+  // [T, ...] (rows past a rank's own tokens are simply not selected).
+  if (num_tokens != c.max_tokens || row_bytes <= 0 || row_bytes > s.max_row_bytes ||
+      row_bytes % 16 != 0) {
+    throw std::invalid_argument(
+        "network send check: num_tokens=" + std::to_string(num_tokens) +
+        ", row_bytes=" + std::to_string(row_bytes) + ": expected " + std::to_string(c.max_tokens) +
+        " (the buffer's tokens) and a multiple of 16 up to " + std::to_string(s.max_row_bytes));
+  }
+  NetworkSendCheckParams p{};
+  p.domain = runtime.domain();
+  p.transport = runtime.transport();
+  p.goes = goes;
+  p.rows = rows;
+  p.num_tokens = num_tokens;
+  p.chunk = c.dispatch_chunk;
+  p.max_chunks = int(s.max_chunks());
+  p.row_bytes = row_bytes;
+  p.net_rows = l.net_rows;
+  p.network_flags = l.network_flags;
+  launch_network_send_check(p, blocks, stream);
+  HYBRID_EP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 }  // namespace hybrid_ep

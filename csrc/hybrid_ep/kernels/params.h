@@ -168,6 +168,22 @@ struct TransportCheckParams {
   unsigned long long* mismatches;  // device: wrong bytes (a timed-out peer counts all)
 };
 
+// Network-leg check: this rank sends its rows to the peer of every other domain the way the
+// dispatch network warp will (runs per chunk, one signal per chunk and domain), then waits for
+// every chunk its peers send. Block b sends and waits for chunks b, b + blocks, ...
+struct NetworkSendCheckParams {
+  DomainView domain;
+  TransportContext transport;
+  const bool* goes;     // [num_tokens, N-1]: token t goes to the k-th other domain
+  const uint8_t* rows;  // [num_tokens, row_bytes]
+  int num_tokens;       // T: every chunk of it is signalled
+  int chunk;
+  int max_chunks;
+  int row_bytes;
+  size_t net_rows;       // region offset of the receive tiles [N, T, row_bytes]
+  size_t network_flags;  // region offset of [N, max chunks]
+};
+
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.
 int dispatch_min_stages();
 size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
@@ -186,5 +202,6 @@ void launch_permute_layout(const PermuteLayoutParams& p, int blocks, cudaStream_
 void launch_permute(const PermuteParams& p, int blocks, cudaStream_t stream);
 void launch_unpermute(const UnpermuteParams& p, int blocks, cudaStream_t stream);
 void launch_transport_check(const TransportCheckParams& p, cudaStream_t stream);
+void launch_network_send_check(const NetworkSendCheckParams& p, int blocks, cudaStream_t stream);
 
 }  // namespace hybrid_ep

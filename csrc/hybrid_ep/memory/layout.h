@@ -33,6 +33,7 @@ struct BufferLayout {
   size_t combine_rows;     // [W*T, 2 x row bytes]: this rank's combine input (BF16 rows, or the
                            // fp32 sums of the unpermute path), pulled by peers
   size_t combine_probs;    // fp32 [W*T, E*R]
+  size_t net_rows;         // [N, T, row bytes]: rows from the peer of each domain (receive tiles)
   size_t barrier_flags;    // uint64 [R]: one per sending local rank
   size_t allgather_flags;  // uint64 [R]
   size_t dispatch_flags;   // uint64 [R, max chunks]
@@ -58,6 +59,7 @@ struct BufferLayout {
     l.dispatch_scales = take(rows * s.max_scale_cols * sizeof(float));
     l.combine_rows = take(rows * s.max_row_bytes * 2);
     l.combine_probs = take(rows * s.prob_cols() * sizeof(float));
+    l.net_rows = take(size_t(s.nodes() * s.max_tokens) * s.max_row_bytes);
     l.flags_begin = at;
     l.barrier_flags = take(sizeof(uint64_t) * s.ranks);
     l.allgather_flags = take(sizeof(uint64_t) * s.ranks);
