@@ -257,15 +257,39 @@ class HybridEPBuffer:
                                      self.config.num_of_tokens_per_chunk_dispatch_api,
                                      self.config.num_sms_dispatch_api, widths)
 
+    def _count_combine_sends(self, engine, layout, tokens, hidden, with_probs: bool) -> None:
+        """The combine's network leg, modelled like the dispatch's (reference engine only)."""
+        if engine is not self._reference or self.num_of_nodes == 1:
+            return
+        widths = network.RowWidths(
+            row=4 * hidden.shape[1],
+            probs=(4 * self.config.num_local_experts * self.num_of_hybrid_ep_ranks_per_nvlink_domain
+                   if with_probs else 0),
+            scales=0)
+        network.count_combine_sends(self._sends, layout.rdma_to_attn_map, self.node_rank, tokens,
+                                    self.config.num_of_tokens_per_chunk_dispatch_api,
+                                    self.config.num_sms_combine_api, widths)
+
     def transport_stats(self, reset: bool = False) -> dict:
         """Network counters of this rank's sends since the buffer was built (or last reset):
         ``{"channels": [{"puts", "signals", "bytes"}, ...], "puts", "signals", "bytes"}``, one
         entry per channel (HYBRID_EP_NUM_CHANNELS). Dispatch's network leg: one put per maximal
-        run of consecutive tokens per tensor and one signal per (chunk, destination domain).
-        Calls inside one NVLink domain send nothing over the network."""
+        run of consecutive tokens per tensor (rows, probs, FP8 scales) and one signal per
+        (chunk, destination domain); combine's: the same for the fp32 partial sums and partial
+        probs going back. Calls inside one NVLink domain send nothing over the network. The CUDA
+        engine reads its device counters (a synchronisation); the reference engine models them.
+        Control traffic (barriers, the routing all-gather) is not counted."""
         stats = self._sends.as_dict()
+        if self._cuda_engine is not None:
+            device = network.TransportStats(
+                [network.ChannelStats(**c) for c in self._cuda_engine.transport_counters()])
+            merged = [{k: a[k] + b[k] for k in a}
+                      for a, b in zip(stats["channels"], device.as_dict()["channels"], strict=True)]
+            stats = network.TransportStats([network.ChannelStats(**c) for c in merged]).as_dict()
         if reset:
             self._sends = network.TransportStats.with_channels(self.config.num_channels)
+            if self._cuda_engine is not None:
+                self._cuda_engine.reset_transport_counters()
         return stats
 
     @staticmethod
@@ -329,6 +353,7 @@ class HybridEPBuffer:
                                                * self.num_of_hybrid_ep_ranks_per_nvlink_domain))
         engine = self._engine(hidden)
         layout = handles.layout_from_handle(handle)
+        self._count_combine_sends(engine, layout, handle[5], hidden, probs is not None)
         return engine.combine(hidden.contiguous(),
                               probs.contiguous() if probs is not None else None,
                               layout, handle[5], made.num_tokens)
@@ -444,6 +469,7 @@ class HybridEPBuffer:
                                   probs_shape=(made.num_permuted_tokens,))
         engine = self._engine(hidden)
         layout = handles.layout_from_handle(handle)
+        self._count_combine_sends(engine, layout, handle[8], hidden, probs is not None)
         return engine.unpermute_combine(hidden.contiguous(),
                                         probs.contiguous() if probs is not None else None,
                                         layout, handle[6], made.num_dispatched_tokens, handle[8],

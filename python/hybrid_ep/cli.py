@@ -44,8 +44,47 @@ def _bench(args) -> int:
     return 0
 
 
+def _bench_domains(args) -> int:
+    """``--device cuda --nodes N`` (N >= 2): hybrid_ep.gpubench.domains."""
+    from .gpubench import domains
+
+    base = domains.DomainBenchConfig()
+    try:
+        channels = tuple(int(c) for c in args.channels.split(","))
+    except ValueError:
+        raise SystemExit(f"--channels {args.channels!r}: expected counts like 1,2,4") from None
+    given = {name: getattr(args, name) for name in ("hidden", "tokens", "experts_per_rank",
+                                                     "topk", "iters", "warmup", "sms")
+             if getattr(args, name) is not None}
+    cfg = domains.DomainBenchConfig(
+        ranks=args.ranks if args.ranks is not None else 2 * args.nodes, nodes=args.nodes,
+        channels=channels, seed=args.seed, label=args.label or "",
+        out_dir=args.out_dir if args.out_dir is not None else base.out_dir, **given)
+    if cfg.ranks % cfg.nodes != 0:
+        raise SystemExit(f"--nodes {cfg.nodes} must divide --ranks {cfg.ranks}")
+    if min(channels) < 1 or max(channels) > 64:
+        raise SystemExit(f"--channels {args.channels}: each count must be in 1..64")
+    if cfg.topk > cfg.experts_per_rank * cfg.ranks:
+        raise SystemExit(f"--topk {cfg.topk} exceeds the {cfg.experts_per_rank * cfg.ranks} "
+                         "experts in total")
+    if cfg.hidden % 128 != 0:
+        raise SystemExit(f"--hidden {cfg.hidden} must be a multiple of 128 (FP8 scales)")
+    try:
+        print(domains.run(cfg, json_path=args.json))
+    except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
+        print(f"hybrid-ep bench FAILED: {error}", file=sys.stderr)
+        return 1
+    print(f"hybrid-ep bench: table written to {cfg.out_dir}/")
+    return 0
+
+
 def _bench_gpu(args) -> int:
     from . import gpubench
+
+    if args.nodes < 1:
+        raise SystemExit("--nodes must be >= 1")
+    if args.nodes > 1:
+        return _bench_domains(args)
 
     base = gpubench.GpuBenchConfig()
     regimes = ("hbm", "sm") if args.regime == "all" else (args.regime,)
@@ -77,8 +116,6 @@ def _bench_gpu(args) -> int:
                          "experts in total")
     if cfg.hidden % 128 != 0:
         raise SystemExit(f"--hidden {cfg.hidden} must be a multiple of 128 (FP8 scales)")
-    if args.nodes != 1:
-        raise SystemExit("--nodes: the CUDA engine runs one NVLink domain so far (--nodes 1)")
     try:
         gpubench.run(cfg, json_path=args.json)
     except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
@@ -112,7 +149,9 @@ def main(argv=None) -> int:
     b.add_argument("--ranks", type=int, default=None,
                    help="local ranks to spawn (cpu: default 4; cuda: overrides the regime's, "
                         "hbm 8, sm 1 and 2)")
-    b.add_argument("--nodes", type=int, default=1, help="NVLink domains the ranks split into")
+    b.add_argument("--nodes", type=int, default=1,
+                   help="NVLink domains the ranks split into (cuda: >= 2 runs the multi-domain "
+                        "bench, default ranks 2 x nodes, 8 SMs each)")
     b.add_argument("--hidden", type=int, default=None, help="cpu: default 2048; cuda: 7168")
     b.add_argument("--tokens", type=int, default=None,
                    help="tokens per rank (cpu: default 512; cuda: 4096)")
@@ -138,6 +177,9 @@ def main(argv=None) -> int:
     g.add_argument("--label", default=None, help="tag for the tables and file names")
     g.add_argument("--no-permute", action="store_true",
                    help="skip the dispatch_with_permute / combine_with_unpermute pair")
+    g.add_argument("--channels", default="1,2,4",
+                   help="with --nodes > 1: transport channel counts to run, comma-separated "
+                        "(HYBRID_EP_NUM_CHANNELS; default 1,2,4)")
     g.add_argument("--no-mps-partition", action="store_true",
                    help="ranks sharing a GPU get no MPS share of SMs (default: just above "
                         "their SMs per rank)")

@@ -17,7 +17,9 @@ from .reference.layout import DispatchLayout, PermuteLayout, ceil_div, ceil_div_
 from .topology import Topology, gather_objects
 
 _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag",
-               4: "network flag"}
+               4: "network dispatch chunk", 5: "network combine chunk", 6: "network barrier",
+               7: "network routing all-gather", 8: "forwarded routing maps"}
+_NETWORK_SITES = (4, 5, 6, 7)
 
 
 class HybridEPTimeoutError(RuntimeError):
@@ -41,12 +43,6 @@ class CudaEngine:
 
     def __init__(self, group, topo: Topology, config: HybridEPConfig, env: EnvSettings,
                  use_mnnvl: bool):
-        if topo.num_of_nodes > 1:
-            raise NotImplementedError(
-                f"the CUDA engine runs inside one NVLink domain so far; this group has "
-                f"{topo.num_of_nodes} domains of {topo.ranks_per_domain} ranks (multi-domain "
-                "dispatch arrives with the transport backends). HYBRID_EP_ENGINE=reference runs "
-                "the reference engine on CUDA tensors meanwhile.")
         if topo.group_size > 64:
             raise ValueError(f"group: {topo.group_size} ranks; the CUDA engine supports at most "
                              "64 per group")
@@ -63,6 +59,7 @@ class CudaEngine:
                                           pin_memory=True)
         self._counts_pending = False
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self._counters_before = None  # counters of runtimes replaced by grow()
         self._connect(config)
 
     # -- lifetime --------------------------------------------------------------------------------
@@ -103,8 +100,23 @@ class CudaEngine:
     def grow(self, config: HybridEPConfig) -> None:
         """Collective: every rank replaces its registered buffer with a larger one."""
         torch.cuda.synchronize(self.device)
+        self._counters_before = self.transport_counters()
         self.runtime = None
         self._connect(config)
+
+    def transport_counters(self) -> list[dict]:
+        """Per channel {puts, signals, bytes} of this rank's data-path sends (dispatch and
+        combine network legs) since the engine was built; a synchronous device read."""
+        now = self.runtime.transport_counters()
+        if self._counters_before is not None:
+            for channel, before in zip(now, self._counters_before, strict=True):
+                for key in channel:
+                    channel[key] += before[key]
+        return now
+
+    def reset_transport_counters(self) -> None:
+        self.runtime.reset_transport_counters()
+        self._counters_before = None
 
     # Config fields the registered layout or the launches depend on (capacity fields aside).
     _LAUNCH_FIELDS = ("num_local_experts", "num_sms_dispatch_api", "num_sms_combine_api",
@@ -130,7 +142,7 @@ class CudaEngine:
         status = self.runtime.status()
         if status["code"] != 0:
             site = _WAIT_SITES.get(status["site"], f"site {status['site']}")
-            peer = (f"the peer in domain {status['peer']}" if status["site"] == 4
+            peer = (f"the peer in domain {status['peer']}" if status["site"] in _NETWORK_SITES
                     else f"local rank {status['peer']}")
             raise HybridEPTimeoutError(
                 f"rank {self.topo.rank}: GPU wait at the {site} for {peer} "
@@ -220,9 +232,15 @@ class CudaEngine:
         if hidden.data_ptr() % 16 != 0:  # TMA copies need 16-byte aligned rows
             hidden = hidden.clone()
         scale_cols = scaling_factor.shape[1] if scaling_factor is not None else 0
+        if self.topo.num_of_nodes > 1:
+            # A rank without tokens still forwards its peers' probs and scales, which the
+            # kernel keys on their pointers: an empty tensor has none, so give it storage.
+            probs = _with_storage(probs)
+            scaling_factor = _with_storage(scaling_factor)
         stream = self._stream()
         self.runtime.dispatch(hidden.data_ptr(), _ptr(probs), _ptr(scaling_factor),
-                              layout.sparse_to_dense_map.data_ptr(), hidden.shape[0], row_bytes,
+                              layout.sparse_to_dense_map.data_ptr(),
+                              layout.attn_to_rdma_map.data_ptr(), hidden.shape[0], row_bytes,
                               scale_cols, not self._preprocessed, stream)
         if self._fresh_layout:
             self._read_summary(layout)
@@ -267,7 +285,9 @@ class CudaEngine:
         unpermute = dense_to_expert_map is not None
         self.runtime.combine(hidden.data_ptr(), _ptr(probs), probs is not None, hidden.shape[0],
                              hidden.shape[1],
-                             layout.sparse_to_dense_map.data_ptr(), num_tokens, out.data_ptr(),
+                             layout.sparse_to_dense_map.data_ptr(),
+                             layout.rdma_to_attn_map.data_ptr(), layout.attn_to_rdma_map.data_ptr(),
+                             num_tokens, out.data_ptr(),
                              _ptr(out_probs),
                              dense_to_expert_map.data_ptr() if unpermute else 0,
                              layout.num_dispatched_tokens_tensor.data_ptr() if unpermute else 0,
@@ -331,3 +351,10 @@ class CudaEngine:
 
 def _ptr(tensor) -> int:
     return 0 if tensor is None else tensor.data_ptr()
+
+
+def _with_storage(tensor):
+    """``tensor``, or when it is empty (no data pointer) a one-row stand-in of its width."""
+    if tensor is None or tensor.data_ptr() != 0:
+        return tensor
+    return torch.zeros(1, *tensor.shape[1:], dtype=tensor.dtype, device=tensor.device)

@@ -19,7 +19,9 @@ reproduces. A *spec* is a plain dict:
   ``max_num_of_tokens_per_rank`` argument (they may differ; the buffer agrees on the maximum);
 - ``reuse``: also dispatch again with the handle and combine twice with it;
 - ``strided``: pass non-contiguous inputs (column-major hidden / routing / probs, a stride-0
-  expanded combine input).
+  expanded combine input);
+- ``R`` (optional): ranks per NVLink domain, splitting the W ranks into W / R domains (default
+  W: one domain).
 """
 
 from __future__ import annotations
@@ -100,6 +102,13 @@ class Ctx:
         self.quiesce()
         self.buffers.remove(buf)
         gc.collect()
+
+
+def domain_args(spec: dict) -> dict:
+    """The buffer's domain split of ``spec`` (one domain unless the spec names ``R``)."""
+    if "R" not in spec:
+        return {}
+    return {"num_of_hybrid_ep_ranks_per_nvlink_domain": spec["R"]}
 
 
 def job(function):
@@ -210,9 +219,9 @@ def hidden_args(spec: dict, hidden, scales, on_cpu: bool = False) -> dict:
 
 
 def combine_inputs(ctx: Ctx, spec: dict, rows: int, salt: str):
-    """(BF16 [rows, H], fp32 probs [rows, E*W] or None) on the device, and the arguments to
+    """(BF16 [rows, H], fp32 probs [rows, E*R] or None) on the device, and the arguments to
     pass (a stride-0 expansion of one row in strided specs)."""
-    H, width = spec["H"], spec["E"] * spec["W"]
+    H, width = spec["H"], spec["E"] * spec.get("R", spec["W"])
     g = ctx.generator(spec["seed"], ctx.rank, "combine", salt)
     if spec.get("strided"):
         one = torch.randn((1, H), generator=g, device=ctx.dev).to(torch.bfloat16)
@@ -418,7 +427,7 @@ def run_spec(ctx: Ctx, buf, spec: dict, stats: Stats, salt: str = "") -> dict:
 @job
 def dispatch_combine(ctx: Ctx, spec: dict) -> dict:
     buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"],
-                     fp8=spec["dtype"] in FP8_KINDS)
+                     fp8=spec["dtype"] in FP8_KINDS, **domain_args(spec))
     stats = Stats()
     start = time.monotonic()
     got = run_spec(ctx, buf, spec, stats)
@@ -461,12 +470,12 @@ def two_buffers(ctx: Ctx, spec_a: dict, spec_b: dict) -> dict:
 
 @job
 def long_run(ctx: Ctx, seed: int, H: int, E: int, max_tokens: int, iters: int,
-             check_every: int) -> dict:
+             check_every: int, R: int | None = None) -> dict:
     """``iters`` dispatch/combine pairs with fresh routing, token counts, forms and top-k each
     time; every combine(dispatch(x)) checked exactly, every ``check_every``-th call against the
     reference too, every 7th also re-dispatched with its handle."""
     W, r = ctx.W, ctx.rank
-    buf = ctx.buffer(H, max_tokens, E)
+    buf = ctx.buffer(H, max_tokens, E, **domain_args({"R": R} if R else {}))
     stats = Stats()
     reused = 0
     start = time.monotonic()

@@ -18,6 +18,7 @@ from gpu_cases import (
     check_combine,
     check_same,
     cpu,
+    domain_args,
     hidden_args,
     job,
     make_hidden,
@@ -117,7 +118,7 @@ def permute_combine(ctx, spec: dict) -> dict:
     reused by dispatch_with_permute (hidden, handle, pad_multiple, num_permuted_tokens only)
     and by combine_with_unpermute again."""
     buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"],
-                     fp8=spec["dtype"] in FP8_KINDS)
+                     fp8=spec["dtype"] in FP8_KINDS, **domain_args(spec))
     stats = Stats()
     T = spec["tokens"][ctx.rank]
     x, sf = make_hidden(ctx, spec, T, "x")

@@ -44,7 +44,7 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
-  const BarrierParams barrier{runtime.domain(), l.barrier_flags};
+  const BarrierParams barrier = runtime.barrier();
   // Peers may still be pulling from this rank's combine buffer (an earlier combine).
   launch_domain_barrier(barrier, stream);
   stage_rows(runtime, call, stream);
@@ -66,6 +66,17 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   // probs (all zero) must still be written.
   p.out_probs = call.out_probs;
   p.probs_by_tma = (c.experts_per_rank * 4) % 16 == 0;  // each copy's probs ride in its stage
+  if (c.nodes > 1) {
+    // fp32 partials of every forwarded token; keyed on with_probs, not on the output pointer:
+    // a rank without tokens (empty output) still reduces its peers' probs.
+    uint8_t* base = runtime.registered();
+    p.partial = true;
+    p.num_tokens = c.nodes * c.max_tokens;
+    p.out = nullptr;
+    p.out_probs = nullptr;
+    p.partials = reinterpret_cast<float*>(base + l.partials);
+    p.partial_probs = call.with_probs ? reinterpret_cast<float*>(base + l.partial_probs) : nullptr;
+  }
   // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
   // (or what HYBRID_EP_COMBINE_PIECES asks for, where the hidden size splits so).
   p.pieces = 1;
@@ -77,7 +88,33 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
     }
   }
   p.stages = runtime.combine_stages(combine_stage_bytes(p));
+  if (c.nodes == 1) {
+    launch_combine(p, c.sms_combine, stream);
+    return;
+  }
   launch_combine(p, c.sms_combine, stream);
+
+  CombineNetworkParams net{};
+  net.domain = barrier.domain;
+  net.transport = runtime.transport();
+  net.rdma_to_attn_map = call.rdma_to_attn_map;
+  net.attn_to_rdma_map = call.attn_to_rdma_map;
+  net.num_tokens = call.num_tokens;
+  net.max_tokens = c.max_tokens;
+  net.hidden = call.hidden_size;
+  net.prob_cols = int(s.prob_cols());
+  net.chunk = c.dispatch_chunk;
+  net.max_chunks = int(s.max_chunks());
+  net.channels = c.channels;
+  net.with_probs = call.with_probs;
+  net.partials = l.partials;
+  net.partial_probs = l.partial_probs;
+  net.net_partials = l.net_partials;
+  net.net_partial_probs = l.net_partial_probs;
+  net.combine_flags = l.combine_flags;
+  net.out = call.out;
+  net.out_probs = call.out_probs;
+  launch_combine_network(net, c.sms_combine, stream);
 }
 
 }  // namespace hybrid_ep

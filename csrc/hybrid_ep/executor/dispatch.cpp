@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 
@@ -7,9 +9,12 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
-  if (call.barrier_first) launch_domain_barrier({runtime.domain(), l.barrier_flags}, stream);
+  if (call.barrier_first) launch_domain_barrier(runtime.barrier(), stream);
   DispatchParams p{};
   p.domain = runtime.domain();
+  p.transport = runtime.transport();
+  p.channels = c.channels;
+  p.attn_to_rdma_map = call.attn_to_rdma_map;
   p.hidden = call.hidden;
   p.probs = call.probs;
   p.scales = call.scales;
@@ -31,6 +36,18 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.dispatch_probs = l.dispatch_probs;
   p.dispatch_scales = l.dispatch_scales;
   p.dispatch_flags = l.dispatch_flags;
+  p.net_rows = l.net_rows;
+  p.net_probs = l.net_probs;
+  p.net_scales = l.net_scales;
+  p.network_flags = l.network_flags;
+  if (c.nodes > 1 && call.probs != nullptr) {
+    // The network leg puts a run's probs for one domain at once: restripe them dest-major.
+    float* restriped = reinterpret_cast<float*>(runtime.registered() + l.restriped_probs);
+    launch_restripe({call.probs, restriped, std::min(call.num_tokens, c.max_tokens), c.max_tokens,
+                     c.nodes, p.prob_cols},
+                    stream);
+    p.restriped_probs = restriped;
+  }
   launch_dispatch(p, c.sms_dispatch, stream);
 }
 

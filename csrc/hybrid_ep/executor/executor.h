@@ -32,6 +32,7 @@ struct DispatchCall {
   const float* probs;     // [num_tokens, E_total] or null
   const float* scales;    // [num_tokens, hidden / 128] or null
   const int32_t* sparse_to_dense_map;
+  const bool* attn_to_rdma_map;  // handle entry 2 (several domains)
   int num_tokens;
   int row_bytes;
   int scale_cols;
@@ -95,6 +96,8 @@ struct CombineCall {
   int num_rows;
   int hidden_size;
   const int32_t* sparse_to_dense_map;
+  const bool* rdma_to_attn_map;  // handle entries 1 and 2 (several domains)
+  const bool* attn_to_rdma_map;
   int num_tokens;    // tokens of this rank (rows of the outputs)
   uint16_t* out;     // bf16 [num_tokens, H]
   float* out_probs;  // [num_tokens, E_total] or null
@@ -105,7 +108,8 @@ struct CombineCall {
 };
 
 // Barrier, stage this rank's rows into its registered buffer (a copy, or the fp32 unpermute
-// sums), barrier, pull-and-reduce kernel.
+// sums), barrier, pull-and-reduce kernel; with several domains that kernel leaves fp32
+// partials and the network step exchanges and adds them.
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
 // Transport self-test (kernels/transport_check.cu): returns the bytes that arrived wrong or

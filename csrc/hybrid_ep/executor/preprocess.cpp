@@ -16,6 +16,18 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   gather.token_counts = l.token_counts;
   gather.allgather_flags = l.allgather_flags;
   launch_allgather(gather, stream);
+  if (c.nodes > 1) {
+    AllgatherNetworkParams net{};
+    net.domain = gather.domain;
+    net.transport = runtime.control_transport();
+    net.max_tokens = c.max_tokens;
+    net.experts_total = gather.experts_total;
+    net.routing = l.routing;
+    net.token_counts = l.token_counts;
+    net.net_allgather_flags = l.net_allgather_flags;
+    net.forward_flags = l.forward_flags;
+    launch_allgather_network(net, stream);
+  }
 
   MetadataParams meta{};
   meta.domain = gather.domain;

@@ -1,9 +1,14 @@
 // Routing all-gather: this rank's routing map (zero-padded to T rows) and token count into the
 // routing region of every rank of the domain. Block j writes to local rank j, signals it, then
 // waits for local rank j's rows to arrive here, so the kernel ends with the gather complete.
+// With several domains a second kernel (one block) then puts this rank's map to the peer of
+// every other domain, waits for theirs, and forwards them to the rest of the domain.
+#include <algorithm>
+
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/transport/transport_device.cuh"
 
 namespace hybrid_ep {
 namespace {
@@ -44,10 +49,83 @@ __global__ void allgather_kernel(AllgatherParams p) {
   }
 }
 
+// The other domain numbered `k` among the domains that are not this one.
+__device__ __forceinline__ int other_domain(int k, int node_rank) {
+  return k < node_rank ? k : k + 1;
+}
+
+__device__ void copy_bytes(uint8_t* dst, const uint8_t* src, size_t bytes, int thread,
+                           int threads) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) {
+    for (size_t i = thread; i < bytes / 16; i += threads) {
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    }
+  } else {
+    for (size_t i = thread; i < bytes; i += threads) dst[i] = src[i];
+  }
+}
+
+__global__ void allgather_network_kernel(AllgatherNetworkParams p) {
+  const DomainView& d = p.domain;
+  if (d.aborted()) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const size_t map_bytes = size_t(p.experts_total) * p.max_tokens;
+  const int me = d.node_rank * d.ranks + d.local_rank;
+  uint8_t* self = d.self();
+  // 1. This rank's map and count (the first kernel put them into its own region) to each peer.
+  for (int k = warp; k < d.nodes - 1; k += warps) {
+    const int n = other_domain(k, d.node_rank);
+    TransportDevice::put(p.transport, 0, n, p.routing + map_bytes * me,
+                         self + p.routing + map_bytes * me, map_bytes, lane);
+    TransportDevice::put(p.transport, 0, n, p.token_counts + sizeof(uint64_t) * me,
+                         self + p.token_counts + sizeof(uint64_t) * me, sizeof(uint64_t), lane);
+    TransportDevice::signal(p.transport, 0, n,
+                            p.net_allgather_flags + sizeof(uint64_t) * d.node_rank, 1, lane);
+  }
+  // 2. The peers' maps are here.
+  if (int(threadIdx.x) < d.nodes && int(threadIdx.x) != d.node_rank) {
+    const size_t mine = p.net_allgather_flags + sizeof(uint64_t) * threadIdx.x;
+    wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d.timeout_ns,
+              d.status, d.abort, WaitSite::kNetworkAllgather, threadIdx.x, 0);
+  }
+  __syncthreads();
+  if (d.aborted()) return;
+  // 3. Forward them to every other rank of the domain.
+  for (int k = 0; k < d.nodes - 1; ++k) {
+    const int source = other_domain(k, d.node_rank) * d.ranks + d.local_rank;
+    for (int j = 0; j < d.ranks; ++j) {
+      if (j == d.local_rank) continue;
+      copy_bytes(d.peer(j) + p.routing + map_bytes * source, self + p.routing + map_bytes * source,
+                 map_bytes, threadIdx.x, blockDim.x);
+      if (threadIdx.x == 0) {
+        reinterpret_cast<uint64_t*>(d.peer(j) + p.token_counts)[source] =
+            reinterpret_cast<const uint64_t*>(self + p.token_counts)[source];
+      }
+    }
+  }
+  __threadfence_system();
+  __syncthreads();
+  // 4. Every local rank forwarded its peers' maps here.
+  const int j = threadIdx.x;
+  if (j < d.ranks && j != d.local_rank) {
+    signal_flag(
+        reinterpret_cast<uint64_t*>(d.peer(j) + p.forward_flags + sizeof(uint64_t) * d.local_rank));
+    const size_t mine = p.forward_flags + sizeof(uint64_t) * j;
+    wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d.timeout_ns,
+              d.status, d.abort, WaitSite::kForward, j, 0);
+  }
+}
+
 }  // namespace
 
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream) {
   allgather_kernel<<<p.domain.ranks, 512, 0, stream>>>(p);
+  HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stream) {
+  const int threads = std::max(512, (std::max(p.domain.nodes, p.domain.ranks) + 31) / 32 * 32);
+  allgather_network_kernel<<<1, threads, 0, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,16 +1,18 @@
 // Domain barrier: every local rank bumps its slot in every peer, then waits for all slots.
 // Runs between operations so that no rank overwrites a peer's buffer that is still being read.
+// With several domains a second warp does the same with the peer of every other domain
+// through the transport (their puts land in this rank's receive tiles).
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/transport/transport_device.cuh"
 
 namespace hybrid_ep {
 namespace {
 
-__global__ void domain_barrier_kernel(BarrierParams p) {
+__device__ void local_barrier(const BarrierParams& p, int peer) {
   const DomainView& d = p.domain;
-  const int peer = threadIdx.x;
-  if (peer >= d.ranks || d.aborted()) return;
+  if (peer >= d.ranks) return;
   const size_t slot = sizeof(uint64_t) * d.local_rank;
   signal_flag(reinterpret_cast<uint64_t*>(d.peer(peer) + p.barrier_flags + slot));
   const size_t mine = p.barrier_flags + sizeof(uint64_t) * peer;
@@ -18,10 +20,36 @@ __global__ void domain_barrier_kernel(BarrierParams p) {
             d.status, d.abort, WaitSite::kBarrier, peer, 0);
 }
 
+// One warp: a signal to the peer of every other domain, then lane n waits for domain n's.
+__device__ void network_barrier(const BarrierParams& p, int lane) {
+  const DomainView& d = p.domain;
+  for (int n = 0; n < d.nodes; ++n) {
+    if (n == d.node_rank) continue;
+    TransportDevice::signal(p.transport, 0, n, p.net_barrier_flags + sizeof(uint64_t) * d.node_rank,
+                            1, lane);
+  }
+  for (int n = lane; n < d.nodes; n += 32) {
+    if (n == d.node_rank) continue;
+    const size_t mine = p.net_barrier_flags + sizeof(uint64_t) * n;
+    wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine),
+              d.timeout_ns, d.status, d.abort, WaitSite::kNetworkBarrier, n, 0);
+  }
+}
+
+__global__ void domain_barrier_kernel(BarrierParams p) {
+  if (p.domain.aborted()) return;
+  const int local_threads = (p.domain.ranks + 31) / 32 * 32;
+  if (int(threadIdx.x) < local_threads) {
+    local_barrier(p, threadIdx.x);
+  } else {
+    network_barrier(p, threadIdx.x % 32);
+  }
+}
+
 }  // namespace
 
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream) {
-  const int threads = (p.domain.ranks + 31) / 32 * 32;
+  const int threads = (p.domain.ranks + 31) / 32 * 32 + (p.domain.nodes > 1 ? 32 : 0);
   domain_barrier_kernel<<<1, threads, 0, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }

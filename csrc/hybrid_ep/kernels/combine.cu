@@ -1,4 +1,4 @@
-// Combine (one NVLink domain): persistent, one CTA per SM, warp-specialised. The unit of work
+// Combine inside the NVLink domain: persistent, one CTA per SM, warp-specialised. The unit of work
 // is one piece of a token's row (a row is split into `pieces` equal column ranges when whole
 // rows would leave too few ring stages, e.g. for the fp32 rows of the unpermute path).
 //   loader warp  : TMA-pulls every copy of a piece from the registered combine buffers of the
@@ -9,6 +9,8 @@
 //                  output, writes the routed-back probs (first piece), and hands the stages back.
 // Output rows leave by TMA, not by per-lane global stores: on one rank that alone made the
 // kernel 2.5x faster (468 -> 185 us, 8 SMs), the stores of a warp being the bottleneck.
+// With several domains (`partial`) the sums stay fp32 and go to the partials region, for every
+// forwarded token; kernels/combine_network.cu then exchanges and adds them.
 // Runs after a domain barrier that guarantees every peer's combine buffer is filled.
 #include "hybrid_ep/kernels/combine_sum.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
@@ -51,7 +53,8 @@ struct Ring {
 
 // Probs carried in a stage: each copy's own E columns, when they are 16-byte multiples.
 __host__ __device__ inline int ring_prob_bytes(const CombineParams& p) {
-  return p.out_probs != nullptr && p.probs_by_tma ? p.experts_per_rank * 4 : 0;
+  const float* probs_out = p.partial ? p.partial_probs : p.out_probs;
+  return probs_out != nullptr && p.probs_by_tma ? p.experts_per_rank * 4 : 0;
 }
 
 // Bytes of one copy's piece in the registered buffer (BF16 or fp32 input columns).
@@ -121,38 +124,52 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
   }
 }
 
+// The probs row a token's reduction writes: combined_probs (all domains' columns, this
+// domain's at node_rank * E*R), or in partial mode this domain's E*R columns only.
+struct ProbsRow {
+  int width;  // columns of the row
+  int base;   // first column of this domain's E*R
+};
+
+__device__ __forceinline__ ProbsRow probs_row(const CombineParams& p) {
+  if (p.partial) return {p.prob_cols, 0};
+  return {p.prob_cols * p.domain.nodes, p.domain.node_rank * p.prob_cols};
+}
+
 // The prob of column `col` of a token from the staged probs of the rank owning it (global
 // load), or 0 when that rank did not receive the token. Columns of other domains are 0.
 __device__ __forceinline__ float copy_prob(const CombineParams& p, const int32_t* rows, int col,
-                                           int experts_total) {
-  if (col >= experts_total) return 0.f;
+                                           ProbsRow row) {
+  const int local = col - row.base;
+  if (col >= row.width || local < 0 || local >= p.prob_cols) return 0.f;
   const int E = p.experts_per_rank;
-  const int j = (col / E) % p.domain.ranks;
-  if (col / (E * p.domain.ranks) != p.domain.node_rank || rows[j] < 0) return 0.f;
+  const int j = local / E;
+  if (rows[j] < 0) return 0.f;
   const float* src = reinterpret_cast<const float*>(p.domain.peer(j) + p.combine_probs);
-  return src[int64_t(rows[j]) * p.prob_cols + j * E + col % E];
+  return src[int64_t(rows[j]) * p.prob_cols + local];
 }
 
-// combined_probs row of token t: each receiving rank's own E columns, zeros elsewhere.
+// The probs row of token t: each receiving rank's own E columns, zeros elsewhere.
 __device__ __forceinline__ void write_probs(const CombineParams& p, const Ring& ring,
                                             const int32_t* rows, int t, uint32_t item,
                                             float early_prob, int thread, int threads) {
   const int E = p.experts_per_rank;
-  const int experts_total = E * p.domain.ranks * p.domain.nodes;
-  float* dst = p.out_probs + int64_t(t) * experts_total;
-  for (int col = thread; col < experts_total; col += threads) {
+  const ProbsRow row = probs_row(p);
+  float* dst = (p.partial ? p.partial_probs : p.out_probs) + int64_t(t) * row.width;
+  for (int col = thread; col < row.width; col += threads) {
     float value;
     if (ring.prob_bytes) {
-      const int j = (col / E) % p.domain.ranks;
+      const int local = col - row.base;
       value = 0.f;
-      if (col / (E * p.domain.ranks) == p.domain.node_rank && rows[j] >= 0) {
+      if (local >= 0 && local < p.prob_cols && rows[local / E] >= 0) {
+        const int j = local / E;
         int k = 0;  // copies are staged in ascending local rank
         for (int i = 0; i < j; ++i) k += rows[i] >= 0;
         const uint8_t* stage = ring.row((item + k) % ring.stages);
-        value = reinterpret_cast<const float*>(stage + ring.prob_at)[col % E];
+        value = reinterpret_cast<const float*>(stage + ring.prob_at)[local % E];
       }
     } else {
-      value = col == thread ? early_prob : copy_prob(p, rows, col, experts_total);
+      value = col == thread ? early_prob : copy_prob(p, rows, col, row);
     }
     dst[col] = value;
   }
@@ -165,7 +182,8 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
   constexpr int kReduceThreads = 32 * kReduceWarps;
   const int piece_cols = p.hidden / p.pieces;
   const int vectors = piece_cols / 8;
-  const int experts_total = p.experts_per_rank * p.domain.ranks * p.domain.nodes;
+  const ProbsRow prob_row = probs_row(p);
+  const bool with_probs = (p.partial ? p.partial_probs : p.out_probs) != nullptr;
   const int thread = warp * 32 + lane;
   uint32_t item = 0;  // ring position of the current piece's first copy
   int unit = 0;       // pieces seen in this chunk
@@ -187,10 +205,10 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       for (int piece = 0; piece < p.pieces; ++piece, ++unit, item += copies) {
         if (unit % kReduceWarps != warp) continue;
         const int32_t* rows = ring.reduce_routes.token(t - first);
-        const bool probs_here = p.out_probs != nullptr && piece == 0;
+        const bool probs_here = with_probs && piece == 0;
         // Without the TMA path, issue this lane's prob load before waiting, to hide it.
         const float early_prob =
-            probs_here && !ring.prob_bytes ? copy_prob(p, rows, lane, experts_total) : 0.f;
+            probs_here && !ring.prob_bytes ? copy_prob(p, rows, lane, prob_row) : 0.f;
         const CopyStages st{ring.rows, ring.stride, ring.stages, int(item % ring.stages)};
         const uint32_t parity = (item / ring.stages) & 1;
         if (copies > 0) {
@@ -202,20 +220,26 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
           ptx::mbar_wait(&ring.full[s < ring.stages ? s : s - ring.stages],
                          s < ring.stages ? parity : parity ^ 1);
         }
-        uint16_t* out = p.out + int64_t(t) * p.hidden + int64_t(piece) * piece_cols;
-        // One BF16 copy is its own sum: it is stored as it is.
-        if (copies > 1 || (copies == 1 && p.fp32_input)) {
-          sum_into_first(st, copies, vectors, p.fp32_input, lane);
-        }
-        if (copies == 0) {  // no rank received the token: its sum is zero
-          for (int v = lane; v < vectors; v += 32) {
-            reinterpret_cast<uint4*>(out)[v] = make_uint4(0, 0, 0, 0);
+        const int64_t out_at = int64_t(t) * p.hidden + int64_t(piece) * piece_cols;
+        bool stored = false;  // a bulk store reads the first stage
+        if (p.partial) {      // several domains: the unrounded fp32 sum, by the lanes
+          sum_to_fp32(st, copies, vectors, p.fp32_input, p.partials + out_at, lane);
+        } else {
+          // One BF16 copy is its own sum: it is stored as it is.
+          if (copies > 1 || (copies == 1 && p.fp32_input)) {
+            sum_into_first(st, copies, vectors, p.fp32_input, lane);
           }
-        }
-        __syncwarp();  // the sum is in the first stage; the other stages are no longer read
-        if (copies > 0 && lane == 0) {
-          ptx::bulk_store(out, st.at(0), piece_cols * 2);
-          ptx::bulk_commit();
+          if (copies == 0) {  // no rank received the token: its sum is zero
+            for (int v = lane; v < vectors; v += 32) {
+              reinterpret_cast<uint4*>(p.out + out_at)[v] = make_uint4(0, 0, 0, 0);
+            }
+          }
+          __syncwarp();  // the sum is in the first stage; the other stages are no longer read
+          stored = copies > 0;
+          if (stored && lane == 0) {
+            ptx::bulk_store(p.out + out_at, st.at(0), piece_cols * 2);
+            ptx::bulk_commit();
+          }
         }
         if (probs_here) write_probs(p, ring, rows, t, item, early_prob, lane, 32);
         __syncwarp();  // every lane is done with these stages' probs before they are handed back
@@ -225,7 +249,7 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
             ptx::mbar_arrive(&ring.empty[s < ring.stages ? s : s - ring.stages]);
           }
           if (copies > 0) {
-            ptx::bulk_wait_read<0>();  // the bulk store has read the first stage
+            if (stored) ptx::bulk_wait_read<0>();  // the bulk store has read the first stage
             ptx::mbar_arrive(&ring.empty[st.first]);
           }
         }

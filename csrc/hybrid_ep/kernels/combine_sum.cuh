@@ -139,4 +139,23 @@ __device__ __forceinline__ void sum_into_first(const CopyStages& st, int copies,
   ptx::fence_proxy_async_shared();
 }
 
+// Partial sums (several domains): the fp32 sum of `copies` (>= 0) staged copies, unrounded,
+// straight to global memory (the BF16 rounding comes after the other domains' partials).
+__device__ __noinline__ void sum_to_fp32(const CopyStages& st, int copies, int vectors,
+                                         bool fp32_input, float* dst, int lane) {
+  for (int v = lane; v < vectors; v += 32) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int k = 0; k < copies; ++k) {
+      if (fp32_input) {
+        accumulate_fp32(acc, reinterpret_cast<const float4*>(st.at(k)) + 2 * v);
+      } else {
+        accumulate(acc, reinterpret_cast<const uint4*>(st.at(k))[v]);
+      }
+    }
+    float4* out = reinterpret_cast<float4*>(dst) + 2 * v;
+    out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  }
+}
+
 }  // namespace hybrid_ep

@@ -1,17 +1,22 @@
-// Dispatch (one NVLink domain): persistent, one CTA per SM, warp-specialised.
+// Dispatch: persistent, one CTA per SM, warp-specialised.
+//   network warp : (several domains) sends this rank's chunks to the peer of every other
+//                  domain: one put per run of tokens per tensor, one signal per chunk and domain;
 //   loader warp  : stages the chunk's routes, then one lane TMA-loads each row that leaves
-//                  this rank (with its probs and FP8 scales when they are 16-byte aligned)
-//                  into a shared-memory ring guarded by full/empty mbarriers;
+//                  (with its probs and FP8 scales when they are 16-byte aligned) into a
+//                  shared-memory ring guarded by full/empty mbarriers. It forwards this rank's
+//                  own chunks first, then the chunks the peers of the other domains sent here,
+//                  each once its network flag says it arrived;
 //   store warps  : one TMA bulk store per destination rank (row, probs, scales) straight into
 //                  that rank's registered buffer;
-//   at the end  : one monotonic flag per (source, chunk) in every destination, also for
-//                  chunks with nothing for it; then each block waits for the chunks it
+//   at the end   : one monotonic flag per (forwarder, domain, chunk) in every destination, also
+//                  for chunks with nothing for it; then each block waits for the chunks it
 //                  receives.
-// Chunk c belongs to block c % gridDim.x on every rank.
+// Chunk c of every domain belongs to block c % gridDim.x on every rank.
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/network_send.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 
@@ -19,7 +24,8 @@ namespace hybrid_ep {
 namespace {
 
 constexpr int kStoreWarps = 4;
-constexpr int kThreads = 32 * (1 + kStoreWarps);
+constexpr int kThreads = 32 * (2 + kStoreWarps);  // loader, store warps, network warp
+constexpr int kNetworkWarp = 1 + kStoreWarps;
 constexpr uint32_t kStoreBarrier = 1;  // named barrier of the store warps
 // Each store warp holds one stage while it waits for its next item, so the ring needs two
 // stages per store warp to never starve the loader.
@@ -54,6 +60,7 @@ struct Smem {
   uint64_t* full;
   uint64_t* empty;
   ChunkRoutes loader_routes, store_routes;
+  TokenRun* runs;  // the network warp's scratch
   StageLayout layout;
   int count;
   __device__ uint8_t* stage(int s) const { return stages + size_t(s) * layout.stride; }
@@ -61,7 +68,10 @@ struct Smem {
   __host__ __device__ static size_t bytes(const DispatchParams& p) {
     const StageLayout l = StageLayout::make(p);
     return size_t(l.stride) * p.stages + 2 * sizeof(uint64_t) * p.stages +
-           2 * sizeof(int32_t) * p.chunk * p.domain.ranks;
+           2 * sizeof(int32_t) * p.chunk * p.domain.ranks + run_bytes(p.chunk);
+  }
+  __host__ __device__ static size_t run_bytes(int chunk) {
+    return sizeof(TokenRun) * size_t((chunk + 1) / 2);
   }
 };
 
@@ -75,6 +85,7 @@ __device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
   int32_t* routes = reinterpret_cast<int32_t*>(s.empty + p.stages);
   s.loader_routes = ChunkRoutes{routes, p.domain.ranks};
   s.store_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
+  s.runs = reinterpret_cast<TokenRun*>(routes + 2 * p.chunk * p.domain.ranks);
   return s;
 }
 
@@ -89,51 +100,106 @@ struct ChunkRange {
   int first, last;
 };
 
-__device__ __forceinline__ ChunkRange chunk_range(const DispatchParams& p, int c) {
-  const int tokens = min(p.num_tokens, p.max_tokens);
+// Tokens of chunk c of domain `node`: this rank's own, or the T tiles of that domain's peer.
+__device__ __forceinline__ ChunkRange chunk_range(const DispatchParams& p, int node, int c) {
+  const int tokens = node == p.domain.node_rank ? min(p.num_tokens, p.max_tokens) : p.max_tokens;
   return {min(c * p.chunk, tokens), min((c + 1) * p.chunk, tokens)};
+}
+
+// Where token t of domain `node` is read: the caller's tensors for this rank's own tokens,
+// the receive tiles for a peer's (their probs hold only this domain's E*R columns already).
+struct RowSource {
+  const uint8_t* rows;
+  const float* probs;  // token t's E*R columns at probs + t * prob_stride
+  const float* scales;
+  int64_t prob_stride;
+  const int32_t* routes;  // sparse_to_dense_map rows of this domain's forwarded tokens
+};
+
+__device__ __forceinline__ RowSource row_source(const DispatchParams& p, int node) {
+  const int64_t first = int64_t(node) * p.max_tokens;
+  const int32_t* routes = p.sparse_to_dense_map + first * p.domain.ranks;
+  if (node == p.domain.node_rank) {
+    return {p.hidden, p.probs != nullptr ? p.probs + p.prob_col_offset : nullptr, p.scales,
+            p.experts_total, routes};
+  }
+  const uint8_t* self = p.domain.self();
+  return {self + p.net_rows + first * p.row_bytes,
+          p.probs != nullptr
+              ? reinterpret_cast<const float*>(self + p.net_probs) + first * p.prob_cols
+              : nullptr,
+          p.scales != nullptr
+              ? reinterpret_cast<const float*>(self + p.net_scales) + first * p.scale_cols
+              : nullptr,
+          p.prob_cols, routes};
+}
+
+// Domains in the order every role walks them: this rank's own tokens first (they need no
+// wait), then the other domains'.
+__device__ __forceinline__ int domain_at(const DispatchParams& p, int step) {
+  return (p.domain.node_rank + step) % p.domain.nodes;
+}
+
+// Lane 0 of the loader: whether chunk c from the peer of `node` has arrived (always true for
+// this rank's own chunks). False after a timeout: the chunk is then passed on unloaded so that
+// the store warps still finish (the buffer is unusable after a failed wait anyway).
+__device__ bool chunk_arrived(const DispatchParams& p, int node, int c) {
+  const DomainView& d = p.domain;
+  if (node == d.node_rank) return true;
+  const size_t slot = p.network_flags + sizeof(uint64_t) * (size_t(node) * p.max_chunks + c);
+  return wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot),
+                   d.timeout_ns, d.status, d.abort, WaitSite::kNetworkFlag, node, c);
 }
 
 // Loader warp: the ring producer (lane 0 issues, the warp stages the routes).
 __device__ void load_rows(const DispatchParams& p, const Smem& s, int lane) {
   uint32_t item = 0;
-  for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(p, c);
-    __syncwarp();  // lane 0 is done with the previous chunk's routes
-    s.loader_routes.load(p.sparse_to_dense_map, r.first, r.last, lane, 32);
-    __syncwarp();
-    if (lane != 0) continue;
-    for (int t = r.first; t < r.last; ++t) {
-      if (!any_destination(s.loader_routes.token(t - r.first), p.domain.ranks)) continue;
-      const int stage = item % s.count;
-      ptx::mbar_wait(&s.empty[stage], ((item / s.count) & 1) ^ 1);
-      ptx::mbar_arrive_expect_tx(&s.full[stage], s.layout.bytes());
-      uint8_t* dst = s.stage(stage);
-      ptx::bulk_load(dst, p.hidden + int64_t(t) * p.row_bytes, p.row_bytes, &s.full[stage]);
-      if (s.layout.prob_bytes) {
-        ptx::bulk_load(dst + s.layout.prob_at,
-                       p.probs + int64_t(t) * p.experts_total + p.prob_col_offset,
-                       s.layout.prob_bytes, &s.full[stage]);
+  for (int step = 0; step < p.domain.nodes; ++step) {
+    const int node = domain_at(p, step);
+    const RowSource src = row_source(p, node);
+    for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
+      const ChunkRange r = chunk_range(p, node, c);
+      __syncwarp();  // lane 0 is done with the previous chunk's routes
+      s.loader_routes.load(src.routes, r.first, r.last, lane, 32);
+      __syncwarp();
+      if (lane != 0) continue;
+      const bool arrived = chunk_arrived(p, node, c);
+      for (int t = r.first; t < r.last; ++t) {
+        if (!any_destination(s.loader_routes.token(t - r.first), p.domain.ranks)) continue;
+        const int stage = item % s.count;
+        ptx::mbar_wait(&s.empty[stage], ((item / s.count) & 1) ^ 1);
+        ++item;
+        if (!arrived) {
+          ptx::mbar_arrive(&s.full[stage]);
+          continue;
+        }
+        ptx::mbar_arrive_expect_tx(&s.full[stage], s.layout.bytes());
+        uint8_t* dst = s.stage(stage);
+        ptx::bulk_load(dst, src.rows + int64_t(t) * p.row_bytes, p.row_bytes, &s.full[stage]);
+        if (s.layout.prob_bytes) {
+          ptx::bulk_load(dst + s.layout.prob_at, src.probs + int64_t(t) * src.prob_stride,
+                         s.layout.prob_bytes, &s.full[stage]);
+        }
+        if (s.layout.scale_bytes) {
+          ptx::bulk_load(dst + s.layout.scale_at, src.scales + int64_t(t) * p.scale_cols,
+                         s.layout.scale_bytes, &s.full[stage]);
+        }
       }
-      if (s.layout.scale_bytes) {
-        ptx::bulk_load(dst + s.layout.scale_at, p.scales + int64_t(t) * p.scale_cols,
-                       s.layout.scale_bytes, &s.full[stage]);
-      }
-      ++item;
     }
   }
 }
 
 // Probs and scales that are not 16-byte aligned: the warp's lanes copy them with plain stores.
-__device__ __forceinline__ void store_side_data_by_lanes(const DispatchParams& p, int t,
+__device__ __forceinline__ void store_side_data_by_lanes(const DispatchParams& p,
+                                                         const RowSource& from, int t,
                                                          uint8_t* peer, int row, int lane) {
   if (p.probs != nullptr) {
-    const float* src = p.probs + int64_t(t) * p.experts_total + p.prob_col_offset;
+    const float* src = from.probs + int64_t(t) * from.prob_stride;
     float* dst = reinterpret_cast<float*>(peer + p.dispatch_probs) + int64_t(row) * p.prob_cols;
     for (int k = lane; k < p.prob_cols; k += 32) dst[k] = src[k];
   }
   if (p.scales != nullptr) {
-    const float* src = p.scales + int64_t(t) * p.scale_cols;
+    const float* src = from.scales + int64_t(t) * p.scale_cols;
     float* dst = reinterpret_cast<float*>(peer + p.dispatch_scales) + int64_t(row) * p.scale_cols;
     for (int k = lane; k < p.scale_cols; k += 32) dst[k] = src[k];
   }
@@ -162,29 +228,33 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
   const int thread = w * 32 + lane;
   uint32_t item = 0;
   int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
-  for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(p, c);
-    ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);  // done with the previous routes
-    s.store_routes.load(p.sparse_to_dense_map, r.first, r.last, thread, 32 * kStoreWarps);
-    ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
-    for (int t = r.first; t < r.last; ++t) {
-      const int32_t* rows = s.store_routes.token(t - r.first);
-      if (!any_destination(rows, d.ranks)) continue;
-      const uint32_t mine = item++;
-      if (int(mine % kStoreWarps) != w) continue;
-      const int stage = mine % s.count;
-      ptx::mbar_wait(&s.full[stage], (mine / s.count) & 1);
-      for (int j = 0; j < d.ranks; ++j) {
-        if (rows[j] < 0) continue;
-        if (lane == 0) store_item(p, s, s.stage(stage), d.peer(j), rows[j]);
-        if (!p.side_by_tma) store_side_data_by_lanes(p, t, d.peer(j), rows[j], lane);
+  for (int step = 0; step < d.nodes; ++step) {
+    const int node = domain_at(p, step);
+    const RowSource src = row_source(p, node);
+    for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
+      const ChunkRange r = chunk_range(p, node, c);
+      ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);  // done with the previous routes
+      s.store_routes.load(src.routes, r.first, r.last, thread, 32 * kStoreWarps);
+      ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
+      for (int t = r.first; t < r.last; ++t) {
+        const int32_t* rows = s.store_routes.token(t - r.first);
+        if (!any_destination(rows, d.ranks)) continue;
+        const uint32_t mine = item++;
+        if (int(mine % kStoreWarps) != w) continue;
+        const int stage = mine % s.count;
+        ptx::mbar_wait(&s.full[stage], (mine / s.count) & 1);
+        for (int j = 0; j < d.ranks; ++j) {
+          if (rows[j] < 0) continue;
+          if (lane == 0) store_item(p, s, s.stage(stage), d.peer(j), rows[j]);
+          if (!p.side_by_tma) store_side_data_by_lanes(p, src, t, d.peer(j), rows[j], lane);
+        }
+        if (lane == 0) {
+          ptx::bulk_commit();
+          ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
+          if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
+        }
+        pending_stage = stage;
       }
-      if (lane == 0) {
-        ptx::bulk_commit();
-        ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
-        if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
-      }
-      pending_stage = stage;
     }
   }
   // Make every write of the store warps visible, then signal this block's chunks.
@@ -196,11 +266,43 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
   __threadfence_system();
   ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
   const int my_chunks = (p.max_chunks - int(blockIdx.x) + gridDim.x - 1) / gridDim.x;
-  for (int k = thread; k < my_chunks * d.ranks; k += 32 * kStoreWarps) {
+  const int per_rank = d.nodes * p.max_chunks;  // flags per forwarding rank
+  for (int k = thread; k < my_chunks * d.nodes * d.ranks; k += 32 * kStoreWarps) {
     const int j = k % d.ranks;
-    const int c = blockIdx.x + (k / d.ranks) * gridDim.x;
-    const size_t slot = sizeof(uint64_t) * (size_t(d.local_rank) * p.max_chunks + c);
+    const int node = (k / d.ranks) % d.nodes;
+    const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * gridDim.x;
+    const size_t slot =
+        sizeof(uint64_t) * (size_t(d.local_rank) * per_rank + size_t(node) * p.max_chunks + c);
     signal_flag(reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags + slot));
+  }
+}
+
+// Network warp (several domains): chunk c of this rank's tokens to the peer of every other
+// domain, the runs of tokens that go there, on channel blockIdx.x % channels.
+__device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int lane) {
+  const DomainView& d = p.domain;
+  const int T = p.max_tokens;
+  const int tokens = min(p.num_tokens, T);
+  const int channel = blockIdx.x % p.channels;
+  const size_t tile = size_t(d.node_rank) * T;  // where this rank's tokens land at a peer
+  for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
+    const int first = min(c * p.chunk, T), last = min(first + p.chunk, T);
+    for (int k = 0; k < d.nodes - 1; ++k) {
+      const int node = k < d.node_rank ? k : k + 1;
+      const bool* goes = p.attn_to_rdma_map + k;
+      const auto selected = [&](int t) { return t < tokens && goes[int64_t(t) * (d.nodes - 1)]; };
+      const NetTensor tensors[kMaxNetTensors] = {
+          {p.hidden, p.net_rows + tile * p.row_bytes, p.row_bytes},
+          {reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),
+           p.net_probs + tile * p.prob_cols * sizeof(float),
+           p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0},
+          {reinterpret_cast<const uint8_t*>(p.scales),
+           p.net_scales + tile * p.scale_cols * sizeof(float),
+           p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0}};
+      const size_t flag =
+          p.network_flags + sizeof(uint64_t) * (size_t(d.node_rank) * p.max_chunks + c);
+      send_chunk(p.transport, channel, node, selected, first, last, tensors, flag, runs, lane);
+    }
   }
 }
 
@@ -208,12 +310,16 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
 __device__ void wait_incoming(const DispatchParams& p) {
   const DomainView& d = p.domain;
   const int my_chunks = (p.max_chunks - int(blockIdx.x) + gridDim.x - 1) / gridDim.x;
-  for (int k = threadIdx.x; k < my_chunks * d.ranks; k += blockDim.x) {
+  const int per_rank = d.nodes * p.max_chunks;
+  for (int k = threadIdx.x; k < my_chunks * d.nodes * d.ranks; k += blockDim.x) {
     const int source = k % d.ranks;
-    const int c = blockIdx.x + (k / d.ranks) * gridDim.x;
-    const size_t slot = p.dispatch_flags + sizeof(uint64_t) * (size_t(source) * p.max_chunks + c);
+    const int node = (k / d.ranks) % d.nodes;
+    const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * gridDim.x;
+    const size_t slot = p.dispatch_flags + sizeof(uint64_t) * (size_t(source) * per_rank +
+                                                               size_t(node) * p.max_chunks + c);
     if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot),
-                   d.timeout_ns, d.status, d.abort, WaitSite::kDispatchChunk, source, c)) {
+                   d.timeout_ns, d.status, d.abort, WaitSite::kDispatchChunk, source,
+                   node * p.max_chunks + c)) {
       return;
     }
   }
@@ -236,6 +342,8 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   __syncthreads();
   if (warp == 0) {
     load_rows(p, s, lane);
+  } else if (warp == kNetworkWarp) {
+    if (p.domain.nodes > 1) send_own_chunks(p, s.runs, lane);
   } else {
     store_rows(p, s, warp - 1, lane);
   }

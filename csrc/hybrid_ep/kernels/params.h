@@ -36,9 +36,13 @@ struct DomainView {
   }
 };
 
+// With several domains the barrier also exchanges one signal with the peer of every other
+// domain (through the transport), so no peer overwrites tiles this rank still reads.
 struct BarrierParams {
   DomainView domain;
+  TransportContext transport;  // used when domain.nodes > 1
   size_t barrier_flags;
+  size_t net_barrier_flags;
 };
 
 struct AllgatherParams {
@@ -50,6 +54,29 @@ struct AllgatherParams {
   size_t routing;  // region offsets
   size_t token_counts;
   size_t allgather_flags;
+};
+
+// The all-gather's second step with several domains: this rank's map (already in its own
+// routing region) goes to the peer of every other domain, and the maps those peers send here
+// are forwarded to the rest of this domain, so every rank ends with all W maps.
+struct AllgatherNetworkParams {
+  DomainView domain;
+  TransportContext transport;
+  int max_tokens;
+  int experts_total;
+  size_t routing, token_counts;
+  size_t net_allgather_flags, forward_flags;
+};
+
+// Destination-major probs: probs [num_tokens, N * E*R] -> restriped [N, T, E*R], so that the
+// probs of a run of tokens for one destination domain are one contiguous put.
+struct RestripeParams {
+  const float* probs;
+  float* restriped;
+  int num_tokens;
+  int max_tokens;  // T
+  int nodes;
+  int prob_cols;  // E*R
 };
 
 struct MetadataParams {
@@ -70,12 +97,17 @@ struct MetadataParams {
   int64_t* host_summary;           // host-mapped [2]: dispatched rows, largest token count
 };
 
+// Forwarded tokens: with N domains the kernel forwards token i = n * T + t, token t of the peer
+// in domain n (its own tokens for n = node_rank), to the ranks of this domain.
 struct DispatchParams {
   DomainView domain;
+  TransportContext transport;          // the network leg (domain.nodes > 1)
   const uint8_t* hidden;               // [num_tokens, row_bytes]
   const float* probs;                  // [num_tokens, E_total] or null
   const float* scales;                 // [num_tokens, scale_cols] or null
-  const int32_t* sparse_to_dense_map;  // this rank's handle entry 0 ([T, R] rows of its tokens)
+  const int32_t* sparse_to_dense_map;  // handle entry 0: [N*T, R]
+  const bool* attn_to_rdma_map;        // handle entry 2: [T, N-1] (several domains)
+  const float* restriped_probs;        // [N, T, E*R] (several domains, with probs)
   int num_tokens;
   int max_tokens;
   int row_bytes;
@@ -84,15 +116,19 @@ struct DispatchParams {
   int experts_total;
   int scale_cols;
   int chunk;         // tokens per chunk
-  int max_chunks;    // flags per source (every one is signalled each call)
+  int max_chunks;    // chunks per domain (every one is signalled each call)
+  int channels;      // transport channels: block b sends on channel b % channels
   int stages;        // shared-memory ring depth
   bool side_by_tma;  // probs/scales 16-byte aligned: carried through the TMA ring
   size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
+  size_t net_rows, net_probs, net_scales, network_flags;
 };
 
+// With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens
+// (= N*T) into fp32 partial rows and this domain's E*R prob columns, instead of BF16 output.
 struct CombineParams {
   DomainView domain;
-  const int32_t* sparse_to_dense_map;  // [T, R]
+  const int32_t* sparse_to_dense_map;  // [num_tokens, R]
   int num_tokens;
   int hidden;
   int pieces;       // each row moves as this many equal column ranges (hidden / pieces % 8 == 0)
@@ -105,6 +141,30 @@ struct CombineParams {
   size_t combine_rows, combine_probs;  // region offsets in the peers
   uint16_t* out;                       // bf16 [num_tokens, H]
   float* out_probs;                    // [num_tokens, E_total] or null
+  bool partial;
+  float* partials;       // fp32 [num_tokens, H]
+  float* partial_probs;  // fp32 [num_tokens, E*R] or null
+};
+
+// Combine's network step (several domains): this rank sends the partial sums of its peers'
+// tokens back to them (runs per chunk, one signal per chunk and domain), then adds, per token
+// of its own, the partials of every domain in ascending order into the BF16 output.
+struct CombineNetworkParams {
+  DomainView domain;
+  TransportContext transport;
+  const bool* rdma_to_attn_map;  // handle entry 1: [ceil16(T), N]
+  const bool* attn_to_rdma_map;  // handle entry 2: [T, N-1]
+  int num_tokens;                // this rank's tokens (output rows)
+  int max_tokens;                // T
+  int hidden;
+  int prob_cols;  // E*R
+  int chunk;
+  int max_chunks;
+  int channels;
+  bool with_probs;
+  size_t partials, partial_probs, net_partials, net_partial_probs, combine_flags;
+  uint16_t* out;     // bf16 [num_tokens, H]
+  float* out_probs;  // [num_tokens, N * E*R] or null
 };
 
 // Permute: output row o of the expert-major layout gathers dispatch row i for expert e, where
@@ -195,6 +255,9 @@ size_t combine_reserved_smem(int chunk, int ranks);
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
+void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stream);
+void launch_restripe(const RestripeParams& p, cudaStream_t stream);
+void launch_combine_network(const CombineNetworkParams& p, int blocks, cudaStream_t stream);
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
 void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream);
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream);

@@ -33,11 +33,24 @@ struct BufferLayout {
   size_t combine_rows;     // [W*T, 2 x row bytes]: this rank's combine input (BF16 rows, or the
                            // fp32 sums of the unpermute path), pulled by peers
   size_t combine_probs;    // fp32 [W*T, E*R]
-  size_t net_rows;         // [N, T, row bytes]: rows from the peer of each domain (receive tiles)
-  size_t barrier_flags;    // uint64 [R]: one per sending local rank
-  size_t allgather_flags;  // uint64 [R]
-  size_t dispatch_flags;   // uint64 [R, max chunks]
-  size_t network_flags;    // uint64 [N, max chunks]: signals from the peer of each domain
+  // Several domains only (empty with one): receive tiles from the peer of each domain, and the
+  // local sources of this rank's puts (registered, as RDMA transports need).
+  size_t net_rows;             // [N, T, row bytes]: dispatched rows from the peer of domain n
+  size_t net_probs;            // fp32 [N, T, E*R]: their probs (the receiving domain's columns)
+  size_t net_scales;           // fp32 [N, T, H/128]: their FP8 scales
+  size_t restriped_probs;      // fp32 [N, T, E*R]: this rank's probs, destination-major
+  size_t partials;             // fp32 [N, T, H]: combine sums of this domain per forwarded token
+  size_t partial_probs;        // fp32 [N, T, E*R]
+  size_t net_partials;         // fp32 [N, T, H]: partial sums of this rank's tokens from domain n
+  size_t net_partial_probs;    // fp32 [N, T, E*R]
+  size_t barrier_flags;        // uint64 [R]: one per sending local rank
+  size_t allgather_flags;      // uint64 [R]
+  size_t forward_flags;        // uint64 [R]: the other domains' maps forwarded by local rank j
+  size_t dispatch_flags;       // uint64 [R, N * max chunks]: (forwarding rank, domain, chunk)
+  size_t network_flags;        // uint64 [N, max chunks]: dispatch chunks from the peer of domain n
+  size_t combine_flags;        // uint64 [N, max chunks]: combine partials from the peer of domain n
+  size_t net_barrier_flags;    // uint64 [N]
+  size_t net_allgather_flags;  // uint64 [N]
   size_t flags_begin, flags_end;
   size_t total;
 
@@ -59,12 +72,26 @@ struct BufferLayout {
     l.dispatch_scales = take(rows * s.max_scale_cols * sizeof(float));
     l.combine_rows = take(rows * s.max_row_bytes * 2);
     l.combine_probs = take(rows * s.prob_cols() * sizeof(float));
-    l.net_rows = take(size_t(s.nodes() * s.max_tokens) * s.max_row_bytes);
+    const size_t tiles = s.nodes() > 1 ? size_t(s.nodes() * s.max_tokens) : 0;  // N*T
+    const size_t prob_row = s.prob_cols() * sizeof(float);
+    const size_t hidden = s.max_row_bytes / 2;
+    l.net_rows = take(tiles * s.max_row_bytes);
+    l.net_probs = take(tiles * prob_row);
+    l.net_scales = take(tiles * s.max_scale_cols * sizeof(float));
+    l.restriped_probs = take(tiles * prob_row);
+    l.partials = take(tiles * hidden * sizeof(float));
+    l.partial_probs = take(tiles * prob_row);
+    l.net_partials = take(tiles * hidden * sizeof(float));
+    l.net_partial_probs = take(tiles * prob_row);
     l.flags_begin = at;
     l.barrier_flags = take(sizeof(uint64_t) * s.ranks);
     l.allgather_flags = take(sizeof(uint64_t) * s.ranks);
-    l.dispatch_flags = take(sizeof(uint64_t) * s.ranks * s.max_chunks());
+    l.forward_flags = take(sizeof(uint64_t) * s.ranks);
+    l.dispatch_flags = take(sizeof(uint64_t) * s.ranks * s.nodes() * s.max_chunks());
     l.network_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
+    l.combine_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
+    l.net_barrier_flags = take(sizeof(uint64_t) * s.nodes());
+    l.net_allgather_flags = take(sizeof(uint64_t) * s.nodes());
     l.flags_end = at;
     l.total = at;
     return l;

@@ -71,6 +71,7 @@ Runtime::~Runtime() {
   buffer_.reset();
   cudaFree(expected_);
   cudaFree(dest_masks_);
+  cudaFree(control_counters_);
   cudaFree(abort_);
   cudaFreeHost(status_);
   cudaFreeHost(host_summary_);
@@ -102,7 +103,24 @@ void Runtime::open_peers(const std::vector<std::string>& handles) {
 void Runtime::connect_transport(const std::vector<std::string>& blobs) {
   transport_->connect(blobs);
   transport_context_ = transport_->context();
+  if (control_counters_ == nullptr) {
+    const size_t bytes = sizeof(ChannelCounters) * std::max(1, config_.channels);
+    HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&control_counters_), bytes));
+    HYBRID_EP_CUDA_CHECK(cudaMemset(control_counters_, 0, bytes));
+  }
+  control_context_ = transport_context_;
+  control_context_.counters = control_counters_;  // the contract names this field
   transport_connected_ = true;
+}
+
+const TransportContext& Runtime::control_transport() const {
+  transport();  // throws when not connected
+  return control_context_;
+}
+
+BarrierParams Runtime::barrier() const {
+  return BarrierParams{domain(), control_transport(), layout_.barrier_flags,
+                       layout_.net_barrier_flags};
 }
 
 const TransportContext& Runtime::transport() const {

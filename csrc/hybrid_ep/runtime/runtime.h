@@ -63,6 +63,11 @@ class Runtime {
   std::string transport_bootstrap() const { return transport_->bootstrap(); }
   void connect_transport(const std::vector<std::string>& blobs);
   const TransportContext& transport() const;
+  // The same transport with its own counters, for control traffic (barrier, routing
+  // all-gather), so that transport_counters() shows the data path alone.
+  const TransportContext& control_transport() const;
+  // The barrier between operations (with the peers of the other domains when there are some).
+  BarrierParams barrier() const;
   std::vector<ChannelCounters> transport_counters() const { return transport_->counters(); }
   void reset_transport_counters() { transport_->reset_counters(); }
   uint8_t* registered() const { return buffer_->local(); }
@@ -83,6 +88,8 @@ class Runtime {
   std::unique_ptr<SymmetricBuffer> buffer_;
   std::unique_ptr<TransportHost> transport_;
   TransportContext transport_context_{};
+  TransportContext control_context_{};
+  ChannelCounters* control_counters_ = nullptr;
   bool transport_connected_ = false;
   uint64_t* expected_ = nullptr;     // consumer counters of the flag region
   uint64_t* dest_masks_ = nullptr;   // metadata scratch

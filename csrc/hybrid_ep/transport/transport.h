@@ -4,7 +4,9 @@
 //
 //   struct TransportContext     POD passed by value in kernel parameters (the device side
 //                               reads it, see transport_device.cuh); holds the per-channel
-//                               counters' device address.
+//                               counters' device address in a field `ChannelCounters*
+//                               counters` (the runtime points a copy of the context at other
+//                               counters for control traffic).
 //   class TransportHost
 //     TransportHost(const TransportSetup&)        allocates what the backend needs locally
 //     std::string bootstrap() const               bytes the peers of other domains need

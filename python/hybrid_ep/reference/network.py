@@ -1,4 +1,4 @@
-"""The network leg of dispatch as the transport performs it: which puts and signals it issues.
+"""The network legs as the transport performs them: which puts and signals they issue.
 
 A token crosses the network once per destination domain, to the peer with the same local rank
 there. Per (chunk, destination domain) the sender issues one put per maximal run of consecutive
@@ -84,4 +84,30 @@ def count_dispatch_sends(stats: TransportStats, attn_to_rdma: torch.Tensor, toke
             sent = sum(length for _, length in runs)
             channel.puts += len(runs) * len(tensors)
             channel.bytes += sent * sum(tensors)
+            channel.signals += 1
+
+
+def count_combine_sends(stats: TransportStats, rdma_to_attn: torch.Tensor, node_rank: int,
+                        tokens: int, chunk: int, blocks: int, widths: RowWidths) -> None:
+    """Adds one combine's network sends of this rank to ``stats``: the fp32 partial sums (and
+    partial probs) of the tokens each other domain's peer sent here go back to that peer.
+
+    ``rdma_to_attn`` is the handle's bool [ceil16(T), N] map (token t of the peer in domain n
+    came to this domain). Per (chunk, other domain): one put per maximal run per tensor and
+    one signal; chunk c is sent on channel (c % blocks) % channels, ``blocks`` being the
+    combine's SM count.
+    """
+    channels = len(stats.channels)
+    chunks = -(-tokens // chunk)
+    tensors = [w for w in (widths.row, widths.probs, widths.scales) if w]
+    came = rdma_to_attn[:tokens].cpu()
+    for c in range(chunks):
+        channel = stats.channels[(c % blocks) % channels]
+        rows = came[c * chunk:(c + 1) * chunk]
+        for n in range(rows.shape[1]):
+            if n == node_rank:
+                continue
+            runs = plan_runs(rows[:, n])
+            channel.puts += len(runs) * len(tensors)
+            channel.bytes += sum(length for _, length in runs) * sum(tensors)
             channel.signals += 1

@@ -13,13 +13,17 @@ enum class WaitSite : int32_t {
   kBarrier = 1,
   kAllgather = 2,
   kDispatchChunk = 3,
-  kNetworkFlag = 4,
+  kNetworkFlag = 4,       // a dispatch chunk from the peer of another domain
+  kNetworkCombine = 5,    // combine partials from the peer of another domain
+  kNetworkBarrier = 6,    // the barrier's signal from the peer of another domain
+  kNetworkAllgather = 7,  // the routing map from the peer of another domain
+  kForward = 8,           // the other domains' maps forwarded by a local rank
 };
 
 struct DeviceStatus {
   int32_t code;       // StatusCode; the first failure wins
   int32_t site;       // WaitSite
-  int32_t peer;       // local rank waited for
+  int32_t peer;       // local rank waited for (the domain, for network sites)
   int32_t slot;       // chunk or counter index
   uint64_t expected;  // value waited for
   uint64_t seen;      // value observed at the timeout

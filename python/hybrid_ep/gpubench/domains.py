@@ -1,0 +1,259 @@
+"""``hybrid-ep bench --nodes N`` on GPUs: several NVLink domains (the transport between them),
+verified, timed, and with the network traffic read from the transport's counters.
+
+All ranks share the GPUs (rank r on GPU r % device_count; one H200 under MPS here), split into
+N domains of ranks / N. For each channel count asked for (``HYBRID_EP_NUM_CHANNELS``) the ranks
+run, per step with fresh top-k routing: ``dispatch bf16 + preprocess``, ``dispatch bf16`` and
+``dispatch fp8`` with its handle, and ``combine bf16`` of the dispatched rows. The first warm-up
+step is checked bit for bit against :mod:`hybrid_ep.oracle`; numbers of a wrong kernel are
+never reported.
+
+Per operation: API time (host barrier to ``torch.cuda.synchronize()``, median over ranks and
+steps), algorithm bandwidth per rank (rows received x row bytes / time; combine: as BF16
+dispatch), and per call from ``transport_stats()``: puts, signals and bytes this rank sent over
+the network. Beside the dispatch's puts, the count a per-token probability put would need: one
+put per (token, destination domain) instead of one per run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .. import oracle
+from .config import GpuBenchConfig, make_routing, make_tokens
+from .timing import time_call
+
+DOMAIN_OPS = ("dispatch_pre", "dispatch_bf16", "dispatch_fp8", "combine_bf16")
+LABELS = {"dispatch_pre": "dispatch bf16 + preprocess", "dispatch_bf16": "dispatch bf16",
+          "dispatch_fp8": "dispatch fp8", "combine_bf16": "combine bf16"}
+
+
+@dataclass(frozen=True)
+class DomainBenchConfig:
+    ranks: int = 4
+    nodes: int = 2
+    channels: tuple[int, ...] = (1, 2, 4)
+    sms: int = 8
+    hidden: int = 7168
+    tokens: int = 4096
+    experts_per_rank: int = 8
+    topk: int = 8
+    iters: int = 10
+    warmup: int = 2
+    seed: int = 0
+    out_dir: str = "hybrid-ep-bench"
+    label: str = ""
+
+    def inputs(self) -> GpuBenchConfig:
+        """The single-domain bench's input generator, with this configuration's sizes."""
+        return GpuBenchConfig(hidden=self.hidden, tokens=self.tokens,
+                              experts_per_rank=self.experts_per_rank, topk=self.topk,
+                              seed=self.seed, fp8=True)
+
+
+@dataclass
+class DomainRankResult:
+    rank: int
+    channels: int
+    api_s: dict = field(default_factory=dict)     # op -> [seconds per timed step]
+    rows: list = field(default_factory=list)      # D per timed step
+    sent: dict = field(default_factory=dict)      # op -> [transport_stats per timed step]
+    per_token_prob_puts: list = field(default_factory=list)  # (token, other domain) pairs
+    verified: list = field(default_factory=list)
+
+
+def _step(cfg: DomainBenchConfig, buf, tokens: dict, step: int, rank: int, timer) -> dict:
+    experts_total = cfg.experts_per_rank * cfg.ranks
+    routing_map, probs = make_routing(cfg.inputs(), experts_total, step, rank, tokens["device"])
+    x = tokens["hidden"]
+    out = {"routing_map": routing_map, "probs": probs}
+    out["dispatch_pre"] = timer("dispatch_pre",
+                                lambda: buf.dispatch(x, probs=probs, routing_map=routing_map))
+    handle = out["dispatch_pre"][3]
+    out["dispatch_bf16"] = timer("dispatch_bf16",
+                                 lambda: buf.dispatch(x, probs=probs, handle=handle))
+    out["dispatch_fp8"] = timer("dispatch_fp8", lambda: buf.dispatch(
+        tokens["fp8"], scaling_factor=tokens["scales"], probs=probs, handle=handle))
+    rows, rows_probs = out["dispatch_bf16"][0], out["dispatch_bf16"][1]
+    out["combine_bf16"] = timer("combine_bf16",
+                                lambda: buf.combine(rows, probs=rows_probs, handle=handle))
+    out["rows"] = int(rows.shape[0])
+    out["remote_pairs"] = int(handle[2].sum())  # attn_to_rdma_map: (token, other domain)
+    return out
+
+
+def _verify(cfg: DomainBenchConfig, out: dict, tokens: dict, rank: int, group) -> list[str]:
+    dev = tokens["device"]
+    everyone = []
+    maps = [torch.empty(cfg.tokens, cfg.experts_per_rank * cfg.ranks, dtype=torch.uint8)
+            for _ in range(cfg.ranks)]
+    dist.all_gather(maps, out["routing_map"].to(torch.uint8).cpu(), group=group)
+    probs = [torch.empty(cfg.tokens, cfg.experts_per_rank * cfg.ranks) for _ in range(cfg.ranks)]
+    dist.all_gather(probs, out["probs"].cpu(), group=group)
+    for source in range(cfg.ranks):
+        inputs = tokens if source == rank else make_tokens(cfg.inputs(), source, dev)
+        everyone.append({"hidden": inputs["hidden"], "fp8": inputs["fp8"],
+                         "scales": inputs["scales"], "routing_map": maps[source].to(dev).bool(),
+                         "probs": probs[source].to(dev)})
+    per_domain = cfg.ranks // cfg.nodes
+    want = oracle.expected_dispatch(everyone, rank, cfg.experts_per_rank, per_domain)
+    for op in ("dispatch_pre", "dispatch_bf16"):
+        _same(f"{op} rows", out[op][0], want[0])
+        _same(f"{op} probs", out[op][1], want[1])
+    want8 = oracle.expected_dispatch(
+        [{"hidden": e["fp8"], "routing_map": e["routing_map"], "scaling_factor": e["scales"]}
+         for e in everyone], rank, cfg.experts_per_rank, per_domain)
+    _same("dispatch_fp8 rows", out["dispatch_fp8"][0], want8[0])
+    _same("dispatch_fp8 scales", out["dispatch_fp8"][2], want8[2])
+    combined, combined_probs = out["combine_bf16"]
+    _same("combine rows", combined, oracle.expected_combine_of_dispatch(
+        tokens["hidden"], out["routing_map"], cfg.experts_per_rank))
+    _same("combine probs", combined_probs, out["probs"])
+    return list(DOMAIN_OPS)
+
+
+def _same(name: str, got, want) -> None:
+    ok = got.shape == want.shape and torch.equal(got.contiguous().view(torch.uint8),
+                                                 want.contiguous().view(torch.uint8))
+    if not ok:
+        raise AssertionError(f"{name}: differs from the oracle (shape {tuple(got.shape)} vs "
+                             f"{tuple(want.shape)}); no numbers are reported for a wrong kernel")
+
+
+def _measure(cfg: DomainBenchConfig, channels: int, rank: int) -> DomainRankResult:
+    from ..buffer import HybridEPBuffer
+
+    group = dist.group.WORLD
+    device = torch.device("cuda", torch.cuda.current_device())
+    tokens = make_tokens(cfg.inputs(), rank, device) | {"device": device}
+    buf = HybridEPBuffer(group, cfg.hidden, cfg.tokens, cfg.experts_per_rank, use_fp8=True,
+                         num_sms_dispatch_api=cfg.sms, num_sms_combine_api=cfg.sms,
+                         num_sms_preprocessing_api=min(cfg.sms, 16),
+                         num_of_hybrid_ep_ranks_per_nvlink_domain=cfg.ranks // cfg.nodes)
+    result = DomainRankResult(rank=rank, channels=channels,
+                              api_s={op: [] for op in DOMAIN_OPS},
+                              sent={op: [] for op in DOMAIN_OPS})
+    for step in range(cfg.warmup + cfg.iters):
+        timed = step >= cfg.warmup
+        buf.transport_stats(reset=True)
+
+        def timer(op, fn, timed=timed, buf=buf):
+            value, seconds = time_call(fn, group)
+            stats = buf.transport_stats(reset=True)  # a device read, outside the timed call
+            if timed:
+                result.api_s[op].append(seconds)
+                result.sent[op].append({k: stats[k] for k in ("puts", "signals", "bytes")})
+            return value
+
+        out = _step(cfg, buf, tokens, step, rank, timer)
+        if step == 0:
+            result.verified = _verify(cfg, out, tokens, rank, group)
+        if timed:
+            result.rows.append(out["rows"])
+            result.per_token_prob_puts.append(out["remote_pairs"])
+        del out
+    torch.cuda.synchronize()
+    dist.barrier(group)
+    del buf
+    return result
+
+
+def _worker(rank: int, cfg: DomainBenchConfig, channels: int, port: int, out_path: str):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["HYBRID_EP_NUM_CHANNELS"] = str(channels)
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("gloo", rank=rank, world_size=cfg.ranks,
+                            timeout=datetime.timedelta(seconds=300))
+    try:
+        mine = _measure(cfg, channels, rank)
+        everyone = [None] * cfg.ranks
+        dist.all_gather_object(everyone, asdict(mine))
+        if rank == 0:
+            with open(out_path, "w") as f:
+                json.dump(everyone, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _row_bytes(cfg: DomainBenchConfig, op: str) -> float:
+    return cfg.hidden * (1 + 4 / 128) if op == "dispatch_fp8" else 2 * cfg.hidden
+
+
+def summarize(cfg: DomainBenchConfig, results: list[dict]) -> list[dict]:
+    """One row per operation of one channel count: medians over ranks and timed steps."""
+    rows = []
+    for op in DOMAIN_OPS:
+        seconds = statistics.median(s for r in results for s in r["api_s"][op])
+        received = statistics.mean(d for r in results for d in r["rows"])
+        sent = [s for r in results for s in r["sent"][op]]
+        row = {"op": LABELS[op], "channels": results[0]["channels"],
+               "api_us": seconds * 1e6,
+               "algbw_gbps": received * _row_bytes(cfg, op) / seconds / 1e9,
+               "puts": statistics.mean(s["puts"] for s in sent),
+               "signals": statistics.mean(s["signals"] for s in sent),
+               "net_mb": statistics.mean(s["bytes"] for s in sent) / 1e6}
+        if op.startswith("dispatch"):
+            # A per-token probability put: one per (token, destination domain) on top of the
+            # other tensors' puts, instead of one per run.
+            pairs = statistics.mean(p for r in results for p in r["per_token_prob_puts"])
+            runs_per_tensor = row["puts"] / (3 if op == "dispatch_fp8" else 2)
+            row["puts_per_token_probs"] = row["puts"] - runs_per_tensor + pairs
+        rows.append(row)
+    return rows
+
+
+def format_table(cfg: DomainBenchConfig, rows: list[dict], device: str) -> str:
+    lines = [(f"## {cfg.nodes} domains x {cfg.ranks // cfg.nodes} ranks on {device}"
+             f"{' (' + cfg.label + ')' if cfg.label else ''}"), "",
+             (f"hidden {cfg.hidden}, {cfg.tokens} tokens per rank, top-{cfg.topk} of "
+             f"{cfg.experts_per_rank} experts per rank, {cfg.sms} SMs per rank, "
+             f"{cfg.iters} timed steps (median over ranks and steps); network columns are per "
+             "call and rank, from transport_stats()."), "",
+             ("| channels | operation | API us | algbw GB/s per rank | puts | signals | network MB "
+             "| puts with per-token probs |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        per_token = f"{r['puts_per_token_probs']:.0f}" if "puts_per_token_probs" in r else "-"
+        lines.append(f"| {r['channels']} | {r['op']} | {r['api_us']:.0f} | {r['algbw_gbps']:.1f} "
+                     f"| {r['puts']:.0f} | {r['signals']:.0f} | {r['net_mb']:.2f} | {per_token} |")
+    return "\n".join(lines)
+
+
+def run(cfg: DomainBenchConfig, json_path: str | None = None) -> str:
+    from ..bench import free_port
+
+    if cfg.ranks % cfg.nodes != 0 or cfg.nodes < 2:
+        raise ValueError(f"--nodes {cfg.nodes} must be >= 2 and divide --ranks {cfg.ranks}")
+    device = torch.cuda.get_device_name(0)
+    everything, tables = [], []
+    for channels in cfg.channels:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ranks.json")
+            mp.start_processes(_worker, args=(cfg, channels, free_port(), path),
+                               nprocs=cfg.ranks, start_method="spawn")
+            with open(path) as f:
+                results = json.load(f)
+        rows = summarize(cfg, results)
+        everything.append({"channels": channels, "rows": rows, "ranks": results})
+        tables.extend(rows)
+    text = format_table(cfg, tables, device)
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    suffix = f"-{cfg.label}" if cfg.label else ""
+    with open(os.path.join(cfg.out_dir, f"bench-domains-{cfg.nodes}x{cfg.ranks // cfg.nodes}"
+                           f"{suffix}.md"), "w") as f:
+        f.write(text + "\n")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"config": asdict(cfg), "device": device, "runs": everything}, f, indent=2)
+    return text

@@ -1,0 +1,114 @@
+"""Several NVLink domains on one GPU (the p2p transport between them): domains x ranks 2x1,
+2x2, 2x4, 4x2 and 8x1, against the reference engine. Dispatch and combine over dtypes,
+routings (uniform, skewed onto one domain, empty), ragged counts below the maximum with 3+
+domains, handle reuse; the permute path in both modes; 200 alternating calls with fresh routing;
+and the network counters: exactly 2 (BF16) or 3 (FP8) puts and 1 signal per (chunk,
+destination domain) for dense routing, one put per run for run-structured routing, the CUDA
+engine's counters equal to the reference's model for dispatch and combine."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_env import gpu_marks, placement_param
+from gpu_specs import make_spec, report, spec_id
+
+pytestmark = gpu_marks
+
+# (domains, ranks per domain, make_spec keyword arguments)
+MATRIX = [
+    (2, 1, {"H": 7168, "form": "topk", "k": 2, "E": 4, "max_tok": 256, "reuse": True}),
+    (2, 1, {"H": 4096, "dtype": "e4m3", "form": "map", "k": 1, "routing": "skew", "max_tok": 96}),
+    (2, 2, {"H": 4096, "form": "map", "k": 2, "tokens": "ragged", "max_tok": 200, "reuse": True}),
+    (2, 2, {"H": 2064, "form": "topk", "k": 8, "E": 8, "probs": False, "max_tok": 130}),
+    (2, 2, {"H": 7168, "dtype": "u8", "form": "topk", "k": 2, "routing": "empty", "max_tok": 64}),
+    (2, 4, {"H": 7168, "form": "topk", "k": 8, "E": 8, "max_tok": 128, "reuse": True}),
+    (2, 4, {"H": 4096, "dtype": "e4m3", "form": "map", "k": 2, "routing": "skew", "max_tok": 100,
+            "strided": True}),
+    (4, 2, {"H": 4096, "form": "topk", "k": 2, "tokens": "ragged", "max_tok": 150,
+            "max_tokens": "own", "reuse": True}),
+    (4, 2, {"H": 7168, "dtype": "u8", "form": "map", "k": 8, "E": 8, "max_tok": 64}),
+    (4, 2, {"H": 2064, "form": "topk", "k": 1, "routing": "skew", "probs": False, "max_tok": 200}),
+    (8, 1, {"H": 4096, "form": "topk", "k": 2, "tokens": "ragged", "max_tok": 128, "reuse": True}),
+    (8, 1, {"H": 7168, "dtype": "e4m3", "form": "map", "k": 8, "E": 8, "max_tok": 64}),
+    (8, 1, {"H": 2064, "form": "map", "k": 2, "routing": "empty", "probs": False, "max_tok": 64}),
+]
+
+
+@pytest.mark.parametrize(
+    "W,placement,R,case",
+    [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}")
+     for N, R, case in MATRIX])
+def test_dispatch_combine_domains(gpu_pools, record_property, W, placement, R, case):
+    spec = make_spec(W, **case)
+    spec["R"] = R
+    results = gpu_pools.run(W, placement, "dispatch_combine", spec=spec)
+    report(record_property, results, label=f"{W // R}x{R} tokens={spec['tokens']}")
+
+
+# (domains, ranks, dtype, fused flag, pad, budget, non-blocking)
+PERMUTE = [(2, 2, "bf16", False, 16, "exact", False), (2, 2, "e4m3", True, None, "over", True),
+           (4, 2, "bf16", True, 64, "under", True), (2, 4, "e4m3", False, 256, "exact", False),
+           (8, 1, "bf16", False, None, "exact", True)]
+
+
+@pytest.mark.parametrize(
+    "W,placement,R,extra",
+    [placement_param(N * R, "shared", R,
+                     {"dtype": dtype, "fused": fused, "pad": pad, "budget": budget,
+                      "non_blocking": nb},
+                     id_extra=f"{N}x{R}-{dtype}-{'fused' if fused else 'standalone'}-pad{pad}-"
+                              f"{budget}-{'nonblocking' if nb else 'blocking'}")
+     for N, R, dtype, fused, pad, budget, nb in PERMUTE])
+def test_permute_domains(gpu_pools, record_property, W, placement, R, extra):
+    spec = make_spec(W, H=4096 if extra["dtype"] != "bf16" else 2064, dtype=extra["dtype"],
+                     form="topk", k=2, E=4, max_tok=96, tag="domains")
+    spec.update(extra, R=R)
+    results = gpu_pools.run(W, placement, "permute_combine", module="gpu_permute_cases",
+                            spec=spec)
+    report(record_property, results, label=f"permute {W // R}x{R}")
+
+
+@pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2"),
+                                           placement_param(8, "shared", 2, id_extra="4x2")])
+def test_long_run_domains(gpu_pools, record_property, W, placement, R):
+    """200 dispatch/combine pairs with fresh routing across domains: no drift, no hang."""
+    results = gpu_pools.run(W, placement, "long_run", timeout_s=300, seed=77 + W, H=2064, E=4,
+                            max_tokens=128, iters=200, check_every=25, R=R)
+    assert all(r["iterations"] == 200 for r in results), results
+    report(record_property, results, label=f"long run {W // R}x{R}")
+
+
+CHUNK = 64  # the default dispatch chunk
+
+
+@pytest.mark.parametrize("dtype,with_probs,per_put", [("bf16", True, 2), ("fp8", True, 3),
+                                                       ("bf16", False, 1)])
+def test_dense_counters(gpu_pools, dtype, with_probs, per_put):
+    """Dense routing, 2x2, 150 tokens (3 chunks): per (chunk, destination domain) exactly one
+    put per tensor and one signal."""
+    W, R, tokens = 4, 2, 150
+    results = gpu_pools.run(W, "shared", "counters", module="gpu_multi_domain_cases", R=R,
+                            pattern="dense", dtype=dtype, with_probs=with_probs, channels=1,
+                            tokens=tokens)
+    chunks = -(-tokens // CHUNK)
+    for r in results:
+        sent = r["cuda_dispatch"]
+        assert sent["signals"] == chunks and sent["puts"] == chunks * per_put, sent
+
+
+@pytest.mark.parametrize("channels", [1, 2, 4])
+def test_run_counters(gpu_pools, channels):
+    """Tokens leave the domain in runs of 4 every 10 (cut at chunk ends): one put per run per
+    tensor, spread over the channels like the reference's model."""
+    W, R, tokens = 8, 2, 150
+    results = gpu_pools.run(W, "shared", "counters", module="gpu_multi_domain_cases", R=R,
+                            pattern="runs", dtype="bf16", with_probs=True, channels=channels,
+                            tokens=tokens)
+    runs = 0
+    for c in range(-(-tokens // CHUNK)):
+        ts = [t for t in range(c * CHUNK, min((c + 1) * CHUNK, tokens)) if t % 10 < 4]
+        runs += sum(1 for i, t in enumerate(ts) if i == 0 or ts[i - 1] != t - 1)
+    for r in results:
+        sent = r["cuda_dispatch"]
+        assert sent["puts"] == 2 * runs * (W // R - 1), sent
+        assert len(sent["channels"]) == channels
