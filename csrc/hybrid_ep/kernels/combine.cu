@@ -204,6 +204,10 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       const int copies = ring.copies[t - first];
       for (int piece = 0; piece < p.pieces; ++piece, ++unit, item += copies) {
         if (unit % kReduceWarps != warp) continue;
+        // Several domains: a token no rank here received has no partial (the network step
+        // knows from the maps), so nothing is written for it; most of the other domains'
+        // forwarded tokens are such.
+        if (p.partial && copies == 0) continue;
         const int32_t* rows = ring.reduce_routes.token(t - first);
         const bool probs_here = with_probs && piece == 0;
         // Without the TMA path, issue this lane's prob load before waiting, to hide it.

@@ -58,10 +58,11 @@ __device__ void send_partials(const CombineNetworkParams& p, TokenRun* runs, int
   }
 }
 
-// Whether token t's partial from domain n counts (this domain's own partial always does).
+// Whether token t has a partial from domain n: whether it went there (this domain's column of
+// rdma_to_attn_map says whether it stayed here too).
 __device__ __forceinline__ bool partial_present(const CombineNetworkParams& p, int n, int t) {
   const int node_rank = p.domain.node_rank;
-  if (n == node_rank) return true;
+  if (n == node_rank) return p.rdma_to_attn_map[int64_t(t) * p.domain.nodes + node_rank];
   const int k = n < node_rank ? n : n - 1;
   return p.attn_to_rdma_map[int64_t(t) * (p.domain.nodes - 1) + k];
 }

@@ -24,8 +24,11 @@ namespace hybrid_ep {
 namespace {
 
 constexpr int kStoreWarps = 4;
-constexpr int kThreads = 32 * (2 + kStoreWarps);  // loader, store warps, network warp
-constexpr int kNetworkWarp = 1 + kStoreWarps;
+// Several network warps: one warp's puts (a load then a store per lane and vector) reach a few
+// GB/s, far below what the network leg needs with several domains.
+constexpr int kNetworkWarps = 4;
+constexpr int kThreads = 32 * (1 + kStoreWarps + kNetworkWarps);
+constexpr int kFirstNetworkWarp = 1 + kStoreWarps;
 constexpr uint32_t kStoreBarrier = 1;  // named barrier of the store warps
 // Each store warp holds one stage while it waits for its next item, so the ring needs two
 // stages per store warp to never starve the loader.
@@ -60,7 +63,7 @@ struct Smem {
   uint64_t* full;
   uint64_t* empty;
   ChunkRoutes loader_routes, store_routes;
-  TokenRun* runs;  // the network warp's scratch
+  TokenRun* runs;  // the network warps' scratch, run_count(chunk) each
   StageLayout layout;
   int count;
   __device__ uint8_t* stage(int s) const { return stages + size_t(s) * layout.stride; }
@@ -68,10 +71,11 @@ struct Smem {
   __host__ __device__ static size_t bytes(const DispatchParams& p) {
     const StageLayout l = StageLayout::make(p);
     return size_t(l.stride) * p.stages + 2 * sizeof(uint64_t) * p.stages +
-           2 * sizeof(int32_t) * p.chunk * p.domain.ranks + run_bytes(p.chunk);
+           2 * sizeof(int32_t) * size_t(p.chunk) * p.domain.ranks + run_bytes(p.chunk);
   }
+  __host__ __device__ static int run_count(int chunk) { return (chunk + 1) / 2; }
   __host__ __device__ static size_t run_bytes(int chunk) {
-    return sizeof(TokenRun) * size_t((chunk + 1) / 2);
+    return sizeof(TokenRun) * size_t(run_count(chunk)) * kNetworkWarps;
   }
 };
 
@@ -277,32 +281,35 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
   }
 }
 
-// Network warp (several domains): chunk c of this rank's tokens to the peer of every other
-// domain, the runs of tokens that go there, on channel blockIdx.x % channels.
-__device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int lane) {
+// Network warp `w` (several domains): its share of this block's (chunk, other domain) pairs,
+// the runs of this rank's tokens of the chunk that go to that domain's peer, on channel
+// blockIdx.x % channels.
+__device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, int lane) {
   const DomainView& d = p.domain;
   const int T = p.max_tokens;
   const int tokens = min(p.num_tokens, T);
   const int channel = blockIdx.x % p.channels;
   const size_t tile = size_t(d.node_rank) * T;  // where this rank's tokens land at a peer
-  for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
+  const int others = d.nodes - 1;
+  const int my_chunks = (p.max_chunks - int(blockIdx.x) + gridDim.x - 1) / gridDim.x;
+  for (int pair = w; pair < my_chunks * others; pair += kNetworkWarps) {
+    const int c = blockIdx.x + (pair / others) * gridDim.x;
     const int first = min(c * p.chunk, T), last = min(first + p.chunk, T);
-    for (int k = 0; k < d.nodes - 1; ++k) {
-      const int node = k < d.node_rank ? k : k + 1;
-      const bool* goes = p.attn_to_rdma_map + k;
-      const auto selected = [&](int t) { return t < tokens && goes[int64_t(t) * (d.nodes - 1)]; };
-      const NetTensor tensors[kMaxNetTensors] = {
-          {p.hidden, p.net_rows + tile * p.row_bytes, p.row_bytes},
-          {reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),
-           p.net_probs + tile * p.prob_cols * sizeof(float),
-           p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0},
-          {reinterpret_cast<const uint8_t*>(p.scales),
-           p.net_scales + tile * p.scale_cols * sizeof(float),
-           p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0}};
-      const size_t flag =
-          p.network_flags + sizeof(uint64_t) * (size_t(d.node_rank) * p.max_chunks + c);
-      send_chunk(p.transport, channel, node, selected, first, last, tensors, flag, runs, lane);
-    }
+    const int k = pair % others;
+    const int node = k < d.node_rank ? k : k + 1;
+    const bool* goes = p.attn_to_rdma_map + k;
+    const auto selected = [&](int t) { return t < tokens && goes[int64_t(t) * others]; };
+    const NetTensor tensors[kMaxNetTensors] = {
+        {p.hidden, p.net_rows + tile * p.row_bytes, p.row_bytes},
+        {reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),
+         p.net_probs + tile * p.prob_cols * sizeof(float),
+         p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0},
+        {reinterpret_cast<const uint8_t*>(p.scales),
+         p.net_scales + tile * p.scale_cols * sizeof(float),
+         p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0}};
+    const size_t flag =
+        p.network_flags + sizeof(uint64_t) * (size_t(d.node_rank) * p.max_chunks + c);
+    send_chunk(p.transport, channel, node, selected, first, last, tensors, flag, runs, lane);
   }
 }
 
@@ -342,8 +349,9 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   __syncthreads();
   if (warp == 0) {
     load_rows(p, s, lane);
-  } else if (warp == kNetworkWarp) {
-    if (p.domain.nodes > 1) send_own_chunks(p, s.runs, lane);
+  } else if (warp >= kFirstNetworkWarp) {
+    const int w = warp - kFirstNetworkWarp;
+    if (p.domain.nodes > 1) send_own_chunks(p, s.runs + w * Smem::run_count(p.chunk), w, lane);
   } else {
     store_rows(p, s, warp - 1, lane);
   }
@@ -358,6 +366,10 @@ bool aligned16(const void* ptr, int64_t stride_bytes) {
 }  // namespace
 
 int dispatch_min_stages() { return kMinStages; }
+
+size_t dispatch_reserved_smem(int chunk, int ranks) {
+  return 2 * sizeof(int32_t) * size_t(chunk) * ranks + Smem::run_bytes(chunk);
+}
 
 size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes) {
   return StageLayout::make(row_bytes, prob_bytes, scale_bytes).stride + 2 * sizeof(uint64_t);

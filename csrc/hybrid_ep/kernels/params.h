@@ -246,6 +246,7 @@ struct NetworkSendCheckParams {
 
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.
 int dispatch_min_stages();
+size_t dispatch_reserved_smem(int chunk, int ranks);  // besides the ring: routes, run scratch
 size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
 bool dispatch_side_data_by_tma(const DispatchParams& p);
 // Per stage for p's pieces, input type and probs; and the rest of the kernel's shared memory.

@@ -134,9 +134,8 @@ const DomainView& Runtime::domain() const {
 }
 
 int Runtime::dispatch_stages(size_t stage_bytes) const {
-  const size_t routes = 2 * sizeof(int32_t) * size_t(config_.dispatch_chunk) * config_.ranks;
-  return ring_stages(config_.stages_dispatch, dispatch_min_stages(), stage_bytes, routes,
-                     smem_limit_);
+  return ring_stages(config_.stages_dispatch, dispatch_min_stages(), stage_bytes,
+                     dispatch_reserved_smem(config_.dispatch_chunk, config_.ranks), smem_limit_);
 }
 
 int Runtime::combine_stages(size_t stage) const {
