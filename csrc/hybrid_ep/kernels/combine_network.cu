@@ -75,33 +75,66 @@ __device__ __forceinline__ const float* partial_row(const CombineNetworkParams& 
          at;
 }
 
+// The block's threads share out (token, 8-column vector) items of the chunk, kItems each per
+// round with all their loads issued before the adds: one token at a time (a block per row)
+// left the loads of a domain's partial waiting on the previous domain's, and the step took
+// several ms per call.
+constexpr int kItems = 4;
+
 __device__ void reduce_chunk(const CombineNetworkParams& p, int first, int last) {
   const int nodes = p.domain.nodes;
   const int vectors = p.hidden / 8;
-  for (int t = first; t < last; ++t) {
-    for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int n = 0; n < nodes; ++n) {
-        if (!partial_present(p, n, t)) continue;
-        const float4* src = reinterpret_cast<const float4*>(
-                                partial_row(p, n, t, p.net_partials, p.partials, p.hidden)) +
-                            2 * v;
-        const float4 a = src[0], b = src[1];
-        acc[0] += a.x, acc[1] += a.y, acc[2] += a.z, acc[3] += a.w;
-        acc[4] += b.x, acc[5] += b.y, acc[6] += b.z, acc[7] += b.w;
-      }
-      reinterpret_cast<uint4*>(p.out + int64_t(t) * p.hidden)[v] = to_bf16(acc);
+  const int total = (last - first) * vectors;
+  for (int base = threadIdx.x; base < total; base += kItems * blockDim.x) {
+    float acc[kItems][8];
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[u][k] = 0.f;
     }
-    if (p.out_probs == nullptr) continue;
-    for (int col = threadIdx.x; col < nodes * p.prob_cols; col += blockDim.x) {
-      const int n = col / p.prob_cols;
-      float value = 0.f;
-      if (partial_present(p, n, t)) {
-        value = partial_row(p, n, t, p.net_partial_probs, p.partial_probs,
-                            p.prob_cols)[col % p.prob_cols];
+    for (int n = 0; n < nodes; ++n) {
+      float4 a[kItems], b[kItems];
+      bool here[kItems];
+#pragma unroll
+      for (int u = 0; u < kItems; ++u) {
+        const int item = base + u * blockDim.x;
+        const int t = first + item / vectors;
+        here[u] = item < total && partial_present(p, n, t);
+        if (here[u]) {
+          const float4* src = reinterpret_cast<const float4*>(
+                                  partial_row(p, n, t, p.net_partials, p.partials, p.hidden)) +
+                              2 * (item % vectors);
+          a[u] = src[0];
+          b[u] = src[1];
+        }
       }
-      p.out_probs[int64_t(t) * nodes * p.prob_cols + col] = value;
+#pragma unroll
+      for (int u = 0; u < kItems; ++u) {
+        if (!here[u]) continue;
+        acc[u][0] += a[u].x, acc[u][1] += a[u].y, acc[u][2] += a[u].z, acc[u][3] += a[u].w;
+        acc[u][4] += b[u].x, acc[u][5] += b[u].y, acc[u][6] += b[u].z, acc[u][7] += b[u].w;
+      }
     }
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const int item = base + u * blockDim.x;
+      if (item >= total) continue;
+      const int t = first + item / vectors;
+      reinterpret_cast<uint4*>(p.out + int64_t(t) * p.hidden)[item % vectors] = to_bf16(acc[u]);
+    }
+  }
+  if (p.out_probs == nullptr) return;
+  const int cols = nodes * p.prob_cols;
+  for (int item = threadIdx.x; item < (last - first) * cols; item += blockDim.x) {
+    const int t = first + item / cols;
+    const int col = item % cols;
+    const int n = col / p.prob_cols;
+    float value = 0.f;
+    if (partial_present(p, n, t)) {
+      value = partial_row(p, n, t, p.net_partial_probs, p.partial_probs,
+                          p.prob_cols)[col % p.prob_cols];
+    }
+    p.out_probs[int64_t(t) * cols + col] = value;
   }
 }
 
