@@ -42,11 +42,11 @@ TransportHost::TransportHost(const TransportSetup& setup)
         std::to_string(nodes_) + ", " + std::to_string(node_rank_) + ", " +
         std::to_string(channels_) + ")");
   }
-  // Options and libraries first: a missing library must fail before any GPU allocation.
+  // Libraries and options first: what is missing must fail before any GPU allocation.
   doca::Options options;
   if (nodes_ > 1) {
-    options = doca::parse_options(setup.options);
     doca::library();
+    options = doca::parse_options(setup.options);
   }
   try {
     counters_ = device_zeros<ChannelCounters>(size_t(channels_));
