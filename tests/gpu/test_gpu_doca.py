@@ -5,11 +5,16 @@ tests/doca_build.py; the data path itself needs ConnectX NICs and is untested)."
 
 from __future__ import annotations
 
+import gpu_env
+import pytest
 from gpu_env import gpu_marks
 
 import doca_build
 
-pytestmark = gpu_marks
+pytestmark = [
+    *gpu_marks,
+    pytest.mark.skipif(gpu_env.DRY_RUN, reason="drives the CUDA runtime directly"),
+]
 
 
 def test_runtime_on_a_gpu_raises_naming_the_missing_library(tmp_path):
