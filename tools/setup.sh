@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up this checkout on a fresh machine, or bring an existing setup up to date:
 #   bash tools/setup.sh          install hybrid-ep
-#   bash tools/setup.sh --test   install hybrid-ep with its test dependencies
+#   bash tools/setup.sh --test   install hybrid-ep with its test dependencies, and compile and
+#                                link the doca transport (build/doca, the loader tests use it)
 # Uses whatever `python` is first on PATH (override with PYTHON=...). Safe to re-run: the
 # CMake build directory (build/<wheel tag>) persists, so a re-run recompiles only changes.
 # Build options travel as environment variables, e.g. HYBRID_EP_TRANSPORT=p2p CUDAARCHS=90a.
@@ -12,7 +13,7 @@ for arg in "$@"; do
   case "$arg" in
     --test) extras="[test]" ;;
     -h | --help)
-      sed -n '2,7p' "$0"
+      sed -n '2,8p' "$0"
       exit 0
       ;;
     *)
@@ -68,6 +69,15 @@ echo "== hybrid-ep${extras}"
 run "$py" -m pip install --no-build-isolation ".${extras}"
 
 run "$py" -c 'import hybrid_ep._C as c; print("hybrid_ep._C:", c.build_info())'
+
+# 4. With --test: the doca transport's build (preset doca) beside the installed one. It needs
+# only the DOCA GPUNetIO headers (nvidia-nvshmem-cu13, a test extra) and links no DOCA library;
+# tests/test_doca_loader.py runs its run-time loading against absent libraries.
+if [ -n "$extras" ]; then
+  echo "== doca transport: compile and link (cmake --preset doca)"
+  run cmake --preset doca -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
+  run cmake --build --preset doca
+fi
 # pyenv only finds new console scripts (hybrid-ep) after a rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
 command -v hybrid-ep >/dev/null 2>&1 ||

@@ -26,6 +26,7 @@ class TransportHost {
  public:
   explicit TransportHost(const TransportSetup& setup);
   ~TransportHost();
+  static std::string preflight() { return "p2p: CUDA IPC, nothing to load"; }
   TransportHost(const TransportHost&) = delete;
   TransportHost& operator=(const TransportHost&) = delete;
 

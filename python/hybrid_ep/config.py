@@ -40,7 +40,19 @@ ENV_VARS = (
     EnvVar("DEEPEP_NIXL_RUN_ID", "SLURM ids", "run id naming the NIXL agents"),
     EnvVar("NIXL_ETCD_ENDPOINTS", "unset",
            "comma-separated http(s)://host:port list; set: NIXL metadata goes through etcd"),
-    EnvVar("HYBRID_EP_NIC_MAPPING", "auto", "gpu:nic[:port],... NIC per GPU (doca build)"),
+    EnvVar("HYBRID_EP_NIC_MAPPING", "auto",
+           "gpu:nic[:port],... RDMA NICs per CUDA device (doca build); several NICs for one GPU "
+           "are separate channels; auto: the nearest NICs by PCIe distance"),
+    EnvVar("HYBRID_EP_IB_GID_INDEX", "auto",
+           "GID index of the NIC ports (doca build, RoCE); auto: the first RoCE v2 IPv4 GID "
+           "(0 on InfiniBand)"),
+    EnvVar("HYBRID_EP_IB_TRAFFIC_CLASS", "0", "RoCE traffic class, 0-255 (doca build)"),
+    EnvVar("HYBRID_EP_DOCA_QP_DEPTH", "auto",
+           "send queue entries per queue pair, a power of two up to 32768 (doca build); auto: "
+           "the worst case of the buffer config"),
+    EnvVar("HYBRID_EP_DOCA_LIB_DIR", "unset",
+           "folder holding libdoca_gpunetio_host.so (and libibverbs/libmlx5 if not on the "
+           "loader path); read by the doca build when it loads them"),
     EnvVar("HYBRID_EP_TIMEOUT_S", "30",
            "seconds a GPU wait for a peer may take before the call raises instead of hanging"),
     EnvVar("HYBRID_EP_COMBINE_PIECES", "auto",
@@ -116,7 +128,8 @@ _NIC_ENTRY = re.compile(r"^(\d+):([A-Za-z0-9_.\-]+)(?::(\d+))?$")
 
 
 def parse_nic_mapping(text: str | None) -> dict[int, list[tuple[str, int]]] | None:
-    """``gpu:nic[:port],...`` -> {gpu: [(nic, port), ...]}; several NICs per GPU allowed."""
+    """``gpu:nic[:port],...`` -> {gpu: [(nic, port), ...]} in the order given; several NICs per
+    GPU allowed (each becomes a channel's NIC), the same (gpu, nic, port) twice is not."""
     if text is None or text == "auto":
         return None
     mapping: dict[int, list[tuple[str, int]]] = {}
@@ -126,11 +139,32 @@ def parse_nic_mapping(text: str | None) -> dict[int, list[tuple[str, int]]] | No
             raise ValueError(f"environment variable HYBRID_EP_NIC_MAPPING={text!r}: entry {entry!r} "
                              "is not gpu:nic[:port] (e.g. 0:mlx5_0:1,1:mlx5_1)")
         gpu, nic, port = int(match[1]), match[2], int(match[3] or 1)
-        if port < 1:
+        if not 1 <= port <= 255:
             raise ValueError(f"environment variable HYBRID_EP_NIC_MAPPING={text!r}: port of "
-                             f"{entry!r} must be >= 1")
+                             f"{entry!r} must be in 1..255")
+        if (nic, port) in mapping.get(gpu, []):
+            raise ValueError(f"environment variable HYBRID_EP_NIC_MAPPING={text!r}: {nic} port "
+                             f"{port} is listed twice for GPU {gpu}")
         mapping.setdefault(gpu, []).append((nic, port))
     return mapping
+
+
+def gid_index_from_env() -> int | None:
+    """HYBRID_EP_IB_GID_INDEX: 0-255, or auto/unset (None)."""
+    if (_raw("HYBRID_EP_IB_GID_INDEX") or "auto") == "auto":
+        return None
+    return env_int("HYBRID_EP_IB_GID_INDEX", None, 0, 255)
+
+
+def qp_depth_from_env() -> int | None:
+    """HYBRID_EP_DOCA_QP_DEPTH: a power of two up to 32768, or auto/unset (None)."""
+    if (_raw("HYBRID_EP_DOCA_QP_DEPTH") or "auto") == "auto":
+        return None
+    depth = env_int("HYBRID_EP_DOCA_QP_DEPTH", None, 1, 32768)
+    if depth & (depth - 1):
+        raise ValueError(f"environment variable HYBRID_EP_DOCA_QP_DEPTH={depth}: expected a "
+                         "power of two (up to 32768) or auto")
+    return depth
 
 
 _ETCD_ENDPOINT = re.compile(r"^https?://[A-Za-z0-9_.\-\[\]:]+:\d+/?$")
@@ -206,6 +240,9 @@ class EnvSettings:
     timeout_s: float
     cache_dir: Path
     combine_pieces: int = 0  # 0: automatic
+    ib_gid_index: int | None = None  # None: automatic
+    ib_traffic_class: int = 0
+    doca_qp_depth: int | None = None  # None: the buffer's worst case
 
 
     @staticmethod
@@ -228,6 +265,9 @@ class EnvSettings:
             timeout_s=env_float("HYBRID_EP_TIMEOUT_S", 30.0),
             cache_dir=cache_dir(),
             combine_pieces=combine_pieces_from_env(),
+            ib_gid_index=gid_index_from_env(),
+            ib_traffic_class=env_int("HYBRID_EP_IB_TRAFFIC_CLASS", 0, 0, 255),
+            doca_qp_depth=qp_depth_from_env(),
         )
 
 

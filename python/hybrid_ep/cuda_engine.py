@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import native
+from . import native, transport_options
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
 from .reference.layout import DispatchLayout, PermuteLayout, ceil_div, ceil_div_tensor
@@ -85,6 +85,8 @@ class CudaEngine:
         rc.combine_pieces = self.env.combine_pieces
         rc.channels = self.env.num_channels
         rc.fabric = self.use_mnnvl
+        rc.transport_options = transport_options.runtime_options(
+            C.build_info()["transport"], self.topo.num_of_nodes, self.env, config, self.device)
         self.config = config
         self.experts = config.num_local_experts
         self.runtime = C.Runtime(rc)

@@ -7,6 +7,7 @@
 #include "hybrid_ep/runtime/build_info.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/runtime/device_info.h"
+#include "hybrid_ep/transport/transport.h"
 
 namespace py = pybind11;
 
@@ -15,6 +16,9 @@ PYBIND11_MODULE(_C, m) {
 
   // Subclass of RuntimeError, so callers that catch RuntimeError keep working.
   py::register_exception<hybrid_ep::CudaError>(m, "CudaError", PyExc_RuntimeError);
+  // A transport's run-time dependency is missing; the message says what and how to provide it.
+  py::register_exception<hybrid_ep::TransportUnavailable>(m, "TransportUnavailableError",
+                                                          PyExc_RuntimeError);
 
   m.def(
       "build_info",
@@ -37,6 +41,10 @@ PYBIND11_MODULE(_C, m) {
   // The first CUDA call initialises the driver, which can take a while: release the GIL.
   m.def("device_count", &hybrid_ep::device_count, py::call_guard<py::gil_scoped_release>(),
         "Number of visible CUDA devices; 0 without a driver or GPU.");
+
+  m.def("transport_preflight", &hybrid_ep::TransportHost::preflight,
+        "Loads what this build's transport needs at run time, without touching the GPU; returns "
+        "what was loaded, raises TransportUnavailableError naming what is missing.");
 
   hybrid_ep::register_runtime(m);
   hybrid_ep::register_bench(m);

@@ -55,7 +55,8 @@ void register_runtime(py::module_& m) {
       .def_readwrite("timeout_s", &RuntimeConfig::timeout_s)
       .def_readwrite("combine_pieces", &RuntimeConfig::combine_pieces)
       .def_readwrite("channels", &RuntimeConfig::channels)
-      .def_readwrite("fabric", &RuntimeConfig::fabric);
+      .def_readwrite("fabric", &RuntimeConfig::fabric)
+      .def_readwrite("transport_options", &RuntimeConfig::transport_options);
 
   py::class_<Runtime>(m, "Runtime")
       .def(py::init<const RuntimeConfig&>(), py::call_guard<py::gil_scoped_release>())

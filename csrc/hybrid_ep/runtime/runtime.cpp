@@ -41,8 +41,9 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   layout_ = BufferLayout::make(shape_);
   buffer_ = std::make_unique<SymmetricBuffer>(
       layout_.total, config_.fabric ? HandleKind::kFabric : HandleKind::kCudaIpc);
-  transport_ = std::make_unique<TransportHost>(
-      TransportSetup{buffer_.get(), config_.nodes, config_.node_rank, config_.channels});
+  transport_ = std::make_unique<TransportHost>(TransportSetup{buffer_.get(), config_.nodes,
+                                                              config_.node_rank, config_.channels,
+                                                              config_.transport_options});
   const size_t counters = layout_.flags_end - layout_.flags_begin;
   HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&expected_), counters));
   HYBRID_EP_CUDA_CHECK(cudaMemset(expected_, 0, counters));

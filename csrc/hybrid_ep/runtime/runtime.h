@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,8 @@ struct RuntimeConfig {
   int combine_pieces = 0;  // column pieces of a combine row; 0: automatic
   int channels = 1;        // transport channels per peer (HYBRID_EP_NUM_CHANNELS)
   bool fabric = false;     // cuMem fabric handles (multi-node NVLink)
+  // The transport backend's settings (TransportSetup::options), filled by the Python layer.
+  std::map<std::string, std::string> transport_options;
 };
 
 class Runtime {

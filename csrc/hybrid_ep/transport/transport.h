@@ -8,6 +8,9 @@
 //                               counters` (the runtime points a copy of the context at other
 //                               counters for control traffic).
 //   class TransportHost
+//     static std::string preflight()              checks, without touching the GPU, what the
+//                                                  backend loads at run time; throws
+//                                                  TransportUnavailable (transport_error.h)
 //     TransportHost(const TransportSetup&)        allocates what the backend needs locally
 //     std::string bootstrap() const               bytes the peers of other domains need
 //     void connect(const std::vector<std::string>& blobs)
@@ -24,11 +27,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "hybrid_ep/memory/symmetric_buffer.h"
 #include "hybrid_ep/transport/counters.h"
+#include "hybrid_ep/transport/transport_error.h"
 
 namespace hybrid_ep {
 
@@ -37,6 +42,9 @@ struct TransportSetup {
   int nodes;                          // N domains
   int node_rank;                      // this rank's domain
   int channels;                       // >= 1
+  // Backend settings resolved by the Python layer (hybrid_ep/transport_options.py), as strings;
+  // a backend ignores the keys it does not know.
+  std::map<std::string, std::string> options;
 };
 
 }  // namespace hybrid_ep

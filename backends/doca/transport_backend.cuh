@@ -1,0 +1,80 @@
+// doca transport, device side: RDMA through DOCA GPUNetIO device verbs on the queue pair of
+// (channel, peer). A put is an RDMA write from the registered buffer, batched per warp (see
+// wqe_batch.cuh); a signal is an RDMA fetch-add on the peer's 64-bit flag, posted after the
+// warp's batched writes on the same queue pair (RC executes them in order) and followed by the
+// one doorbell of the batch; a flush rings what is left and polls the completions. Counters
+// count exactly as the p2p backend does: one put and its bytes per put call, one signal per
+// signal call.
+#pragma once
+
+#include <cstdint>
+
+#include "transport_backend.h"
+#include "wqe_batch.cuh"
+
+namespace hybrid_ep {
+
+struct TransportDevice {
+  __device__ static void put(const TransportContext& ctx, int channel, int node,
+                             size_t remote_offset, const void* src, size_t bytes, int lane) {
+    if (lane == 0) {
+      atomicAdd(&ctx.counters[channel].puts, 1ull);
+      atomicAdd(&ctx.counters[channel].bytes, static_cast<unsigned long long>(bytes));
+    }
+    const uint64_t local = uint64_t(static_cast<const uint8_t*>(src) - ctx.local_base);
+    if (local >= ctx.local_bytes || bytes > ctx.local_bytes - local) {
+      if (lane == 0) atomicOr(ctx.fault, unsigned(kDocaFaultSourceOutside));
+      return;
+    }
+    DocaBatch* batch = doca_device::warp_batch(ctx);
+    // One WQE moves at most DOCA_GPUNETIO_VERBS_MAX_TRANSFER_SIZE (1 GiB): larger puts split.
+    for (uint64_t done = 0; done < bytes; done += DOCA_GPUNETIO_VERBS_MAX_TRANSFER_SIZE) {
+      const uint64_t piece = bytes - done < DOCA_GPUNETIO_VERBS_MAX_TRANSFER_SIZE
+                                 ? bytes - done
+                                 : DOCA_GPUNETIO_VERBS_MAX_TRANSFER_SIZE;
+      const DocaPendingPut p{remote_offset + done, local + done, piece};
+      if (batch == nullptr) {  // no batch slot for this warp: post and ring at once
+        doca_device::post(ctx, channel, node, &p, 1, nullptr, true, lane);
+        continue;
+      }
+      const int count = batch->count;
+      if (count > 0 && (batch->channel != channel || batch->node != node)) {
+        doca_device::drain(ctx, batch, nullptr, true, lane);  // another queue pair: ring it
+      } else if (count == kDocaBatchCapacity) {
+        doca_device::drain(ctx, batch, nullptr, false, lane);  // same queue pair: the signal rings
+      }
+      __syncwarp();
+      if (lane == 0) {
+        const int at = batch->count;
+        batch->puts[at] = p;
+        batch->count = at + 1;
+        batch->channel = channel;
+        batch->node = node;
+      }
+      __syncwarp();
+    }
+  }
+
+  __device__ static void signal(const TransportContext& ctx, int channel, int node,
+                                size_t flag_offset, uint64_t value, int lane) {
+    if (lane == 0) atomicAdd(&ctx.counters[channel].signals, 1ull);
+    const doca_device::Signal signal{flag_offset, value};
+    DocaBatch* batch = doca_device::warp_batch(ctx);
+    if (batch != nullptr && batch->count > 0) {
+      if (batch->channel == channel && batch->node == node) {
+        doca_device::drain(ctx, batch, &signal, true, lane);
+        return;
+      }
+      doca_device::drain(ctx, batch, nullptr, true, lane);
+    }
+    doca_device::post(ctx, channel, node, nullptr, 0, &signal, true, lane);
+  }
+
+  __device__ static void flush(const TransportContext& ctx, int channel, int lane) {
+    DocaBatch* batch = doca_device::warp_batch(ctx);
+    if (batch != nullptr && batch->count > 0) doca_device::drain(ctx, batch, nullptr, true, lane);
+    doca_device::wait_completions(ctx, channel, lane);
+  }
+};
+
+}  // namespace hybrid_ep

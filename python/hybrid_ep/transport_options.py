@@ -1,0 +1,97 @@
+"""The network transport's settings, resolved once here and handed to the C++ backend as
+``RuntimeConfig.transport_options`` (strings): the one place that parses, checks and computes
+them. Only the doca build uses any, and only when the group spans several NVLink domains.
+
+Queue depth (doca): a warp's puts to a peer stay unrung on the queue pair until that chunk's
+signal rings one doorbell, so every warp sharing a queue pair may hold a whole chunk's work
+requests there at once; the queue must hold all of them, or posting would wait on itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from . import nic_topology
+
+# Tensors a chunk's network send puts per run: rows, probs, FP8 scales
+# (csrc/hybrid_ep/kernels/network_send.cuh, kMaxNetTensors).
+MAX_NET_TENSORS = 3
+# DOCA GPUNetIO indexes the send queue with 16 bits: the largest power-of-two depth.
+MAX_QP_DEPTH = 32768
+
+
+def worst_case_wqes(chunk_tokens: int, blocks: int, channels: int) -> int:
+    """Work requests one queue pair may hold before their doorbell: per warp a chunk's
+    runs (at most every other token) times the tensors, plus its signal; block b uses channel
+    b % channels, so ceil(blocks / channels) warps share a queue pair."""
+    runs = (chunk_tokens + 1) // 2
+    per_warp = runs * MAX_NET_TENSORS + 1
+    return per_warp * -(-blocks // channels)
+
+
+def resolve_qp_depth(requested: int | None, chunk_tokens: int, blocks: int, channels: int) -> int:
+    """HYBRID_EP_DOCA_QP_DEPTH, or the worst case rounded up to a power of two when unset;
+    raises ValueError naming the limit to raise when the queue cannot hold the worst case."""
+    need = worst_case_wqes(chunk_tokens, blocks, channels)
+    detail = (
+        f"up to {-(-blocks // channels)} blocks share each of the {channels} channels' "
+        f"queue pairs, each with up to {(chunk_tokens + 1) // 2} runs x "
+        f"{MAX_NET_TENSORS} tensors + 1 signal per chunk of {chunk_tokens} tokens: "
+        f"{need} work requests"
+    )
+    if need > MAX_QP_DEPTH:
+        channels_needed = channels
+        while worst_case_wqes(chunk_tokens, blocks, channels_needed) > MAX_QP_DEPTH:
+            channels_needed += 1
+        raise ValueError(
+            f"doca transport: {detail}, more than a queue pair holds "
+            f"({MAX_QP_DEPTH}); raise HYBRID_EP_NUM_CHANNELS to at least "
+            f"{channels_needed}, or lower the chunk size "
+            "(NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API / _COMBINE_API) or the SMs"
+        )
+    if requested is None:
+        return max(64, 1 << (need - 1).bit_length())
+    if requested < need:
+        raise ValueError(
+            f"environment variable HYBRID_EP_DOCA_QP_DEPTH={requested} is too "
+            f"small: {detail}; raise HYBRID_EP_DOCA_QP_DEPTH to at least "
+            f"{1 << (need - 1).bit_length()} (or unset it), or raise "
+            "HYBRID_EP_NUM_CHANNELS so fewer blocks share a queue pair"
+        )
+    return requested
+
+
+def doca_options(
+    env, config, gpu_index: int, gpu_bus_id: str, sysfs: Path = nic_topology.SYSFS
+) -> dict[str, str]:
+    """The doca backend's options (backends/doca/options.h) for this rank's GPU."""
+    nics = nic_topology.nics_for_gpu(env.nic_mapping, gpu_index, gpu_bus_id, sysfs)
+    entries = []
+    for nic, port in nics:
+        gid = env.ib_gid_index
+        if gid is None:
+            gid = nic_topology.auto_gid_index(nic, port, sysfs)
+        entries.append(f"{nic}:{port}:{gid}")
+    blocks = max(
+        config.num_sms_dispatch_api, config.num_sms_combine_api, config.num_sms_preprocessing_api
+    )
+    chunk = max(
+        config.num_of_tokens_per_chunk_dispatch_api, config.num_of_tokens_per_chunk_combine_api
+    )
+    depth = resolve_qp_depth(env.doca_qp_depth, chunk, blocks, env.num_channels)
+    return {
+        "nics": ",".join(entries),
+        "traffic_class": str(env.ib_traffic_class),
+        "qp_depth": str(depth),
+    }
+
+
+def runtime_options(transport: str, nodes: int, env, config, device) -> dict[str, str]:
+    """Options for this build's transport: none for p2p or a single domain."""
+    if transport != "doca" or nodes == 1:
+        return {}
+    props = torch.cuda.get_device_properties(device)
+    bus_id = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    return doca_options(env, config, device.index, bus_id)
