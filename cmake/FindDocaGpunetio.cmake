@@ -52,12 +52,14 @@ if(DocaGpunetio_INCLUDE_DIR)
   set(DocaGpunetio_VERSION "${_doca_MAJOR}.${_doca_MINOR}.${_doca_PATCH}")
 endif()
 
+# Joined: a ';' inside the message would split it into arguments of the call below.
+list(JOIN _doca_hints ", " _doca_searched)
 string(CONCAT _doca_help
   "The doca transport needs the DOCA GPUNetIO headers (doca_gpunetio_device.h with host/, "
   "common/ and device/ beside it). Provide them with `python -m pip install "
   "\"nvidia-nvshmem-cu13>=3.8\"` into the Python that builds (${Python_EXECUTABLE}), or set "
   "DOCA_HOME to an install of the open-source DOCA GPUNetIO (NVIDIA-DOCA/gpunetio, "
-  "make install PREFIX=...). Searched: ${_doca_hints}")
+  "make install PREFIX=...). Searched: ${_doca_searched}")
 if(DocaGpunetio_INCLUDE_DIR AND _doca_missing)
   message(FATAL_ERROR "DOCA GPUNetIO headers at ${DocaGpunetio_INCLUDE_DIR} lack ${_doca_missing}. "
                       ${_doca_help})

@@ -90,6 +90,21 @@ def test_every_chunk_is_signalled_even_when_empty(pools, W, R):
         assert stats["signals"] == 3 * (W // R - 1)
 
 
+@pytest.mark.parametrize("with_probs", [True, False])
+def test_combine_sends_partials_back_per_chunk_and_domain(pools, with_probs):
+    """Dense routing, 2 domains x 2: every chunk's fp32 partial rows (and partial probs) go
+    back to the peer in one put per tensor, with one signal per chunk."""
+    tokens, R, hidden = 150, 2, 256
+    out = pools.run(4, "cases.network", "combine_counters", R=R, pattern="dense",
+                    with_probs=with_probs, tokens=tokens)
+    chunks = -(-tokens // CHUNK)
+    per_token = 4 * hidden + (4 * 2 * R if with_probs else 0)
+    for stats in out:
+        assert stats["signals"] == chunks
+        assert stats["puts"] == chunks * (2 if with_probs else 1)
+        assert stats["bytes"] == tokens * per_token
+
+
 def test_channels_take_chunks_round_robin_by_block(pools):
     """4 blocks, 2 channels, 5 chunks: chunk c goes to block c % 4, channel block % 2."""
     tokens = 300

@@ -74,6 +74,8 @@ struct TransportContext {
 
 class TransportHost {
  public:
+  static constexpr bool kRegisteredSources = true;  // the NIC reads with our buffer's key
+
   explicit TransportHost(const TransportSetup& setup);
   ~TransportHost();
   TransportHost(const TransportHost&) = delete;

@@ -24,6 +24,8 @@ struct TransportContext {
 
 class TransportHost {
  public:
+  static constexpr bool kRegisteredSources = false;  // stores read any device memory
+
   explicit TransportHost(const TransportSetup& setup);
   ~TransportHost();
   static std::string preflight() { return "p2p: CUDA IPC, nothing to load"; }

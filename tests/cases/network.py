@@ -62,3 +62,17 @@ def dispatch_counters(R: int, pattern: str, dtype: str, with_probs: bool, channe
     stats = buf.transport_stats(reset=True)
     assert buf.transport_stats()["puts"] == 0, "reset did not clear the counters"
     return stats
+
+
+def combine_counters(R: int, pattern: str, with_probs: bool, tokens: int) -> dict:
+    """transport_stats of one combine (the dispatch's counts reset first): the partial sums of
+    the peers' tokens that came to this domain go back to them."""
+    hidden = 256
+    buf = _buffer(R, tokens, 1, False, hidden)
+    rmap = _routing(tokens, pattern, R)
+    x = torch.randn(tokens, hidden).to(torch.bfloat16)
+    probs = torch.where(rmap, 0.5, 0.0) if with_probs else None
+    rows, rows_probs, _, handle = buf.dispatch(x, routing_map=rmap, probs=probs)
+    buf.transport_stats(reset=True)
+    buf.combine(rows, probs=rows_probs, handle=handle)
+    return buf.transport_stats(reset=True)

@@ -48,6 +48,23 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
                     stream);
     p.restriped_probs = restriped;
   }
+  p.net_hidden = call.hidden;
+  p.net_scales_src = call.scales;
+  const int tokens = std::min(call.num_tokens, c.max_tokens);
+  if (c.nodes > 1 && TransportHost::kRegisteredSources && tokens > 0) {
+    // The backend's puts read only registered memory: stage this rank's rows there.
+    uint8_t* base = runtime.registered();
+    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.staged_rows, call.hidden,
+                                         size_t(tokens) * call.row_bytes, cudaMemcpyDeviceToDevice,
+                                         stream));
+    p.net_hidden = base + l.staged_rows;
+    if (call.scales != nullptr) {
+      HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.staged_scales, call.scales,
+                                           size_t(tokens) * call.scale_cols * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, stream));
+      p.net_scales_src = reinterpret_cast<const float*>(base + l.staged_scales);
+    }
+  }
   launch_dispatch(p, c.sms_dispatch, stream);
 }
 

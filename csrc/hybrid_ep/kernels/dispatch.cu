@@ -300,11 +300,11 @@ __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, 
     const bool* goes = p.attn_to_rdma_map + k;
     const auto selected = [&](int t) { return t < tokens && goes[int64_t(t) * others]; };
     const NetTensor tensors[kMaxNetTensors] = {
-        {p.hidden, p.net_rows + tile * p.row_bytes, p.row_bytes},
+        {p.net_hidden, p.net_rows + tile * p.row_bytes, p.row_bytes},
         {reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),
          p.net_probs + tile * p.prob_cols * sizeof(float),
          p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0},
-        {reinterpret_cast<const uint8_t*>(p.scales),
+        {reinterpret_cast<const uint8_t*>(p.net_scales_src),
          p.net_scales + tile * p.scale_cols * sizeof(float),
          p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0}};
     const size_t flag =

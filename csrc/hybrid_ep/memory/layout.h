@@ -39,6 +39,8 @@ struct BufferLayout {
   size_t net_probs;            // fp32 [N, T, E*R]: their probs (the receiving domain's columns)
   size_t net_scales;           // fp32 [N, T, H/128]: their FP8 scales
   size_t restriped_probs;      // fp32 [N, T, E*R]: this rank's probs, destination-major
+  size_t staged_rows;          // [T, row bytes]: this rank's rows, for registered-source puts
+  size_t staged_scales;        // fp32 [T, H/128]
   size_t partials;             // fp32 [N, T, H]: combine sums of this domain per forwarded token
   size_t partial_probs;        // fp32 [N, T, E*R]
   size_t net_partials;         // fp32 [N, T, H]: partial sums of this rank's tokens from domain n
@@ -79,6 +81,9 @@ struct BufferLayout {
     l.net_probs = take(tiles * prob_row);
     l.net_scales = take(tiles * s.max_scale_cols * sizeof(float));
     l.restriped_probs = take(tiles * prob_row);
+    const size_t own = s.nodes() > 1 ? size_t(s.max_tokens) : 0;
+    l.staged_rows = take(own * s.max_row_bytes);
+    l.staged_scales = take(own * s.max_scale_cols * sizeof(float));
     l.partials = take(tiles * hidden * sizeof(float));
     l.partial_probs = take(tiles * prob_row);
     l.net_partials = take(tiles * hidden * sizeof(float));

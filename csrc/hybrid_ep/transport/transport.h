@@ -8,6 +8,10 @@
 //                               counters` (the runtime points a copy of the context at other
 //                               counters for control traffic).
 //   class TransportHost
+//     static constexpr bool kRegisteredSources   true when a put's source must lie in this
+//                                                 rank's registered buffer (RDMA: the NIC
+//                                                 needs its key); the runtime then stages the
+//                                                 caller's rows there before they are sent
 //     static std::string preflight()              checks, without touching the GPU, what the
 //                                                  backend loads at run time; throws
 //                                                  TransportUnavailable (transport_error.h)
