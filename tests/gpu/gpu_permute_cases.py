@@ -172,7 +172,7 @@ def graph_replay(ctx, spec: dict, replays: int) -> dict:
     """The non-blocking dispatch_with_permute + combine_with_unpermute pair captured once in a
     CUDA graph and replayed with fresh inputs (same shapes), every replay against the
     reference."""
-    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"])
+    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
     stats = Stats()
     T = spec["tokens"][ctx.rank]
 
@@ -282,7 +282,7 @@ def autograd_round_trip(ctx, spec: dict) -> dict:
     """dispatch_with_permute -> an "expert" (rows scaled by their probs) -> combine_with_unpermute
     through the autograd functions above; the gradients of hidden and probs on CUDA against the
     same graph on the reference engine."""
-    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"])
+    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
     stats = Stats()
     T = spec["tokens"][ctx.rank]
     x, _ = make_hidden(ctx, spec, T, "x")

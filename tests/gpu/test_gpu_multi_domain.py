@@ -8,6 +8,7 @@ engine's counters equal to the reference's model for dispatch and combine."""
 
 from __future__ import annotations
 
+import gpu_env
 import pytest
 from gpu_env import gpu_marks, placement_param
 from gpu_specs import make_spec, report, spec_id
@@ -112,3 +113,26 @@ def test_run_counters(gpu_pools, channels):
         sent = r["cuda_dispatch"]
         assert sent["puts"] == 2 * runs * (W // R - 1), sent
         assert len(sent["channels"]) == channels
+
+
+@pytest.mark.skipif(gpu_env.DRY_RUN, reason="CUDA graphs need a GPU (dry run on the CPU)")
+@pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2")])
+def test_graph_replay_domains(gpu_pools, record_property, W, placement, R):
+    """The non-blocking permute pair across domains, captured once and replayed 50 times with
+    fresh inputs, every replay against the reference."""
+    spec = make_spec(W, H=1024, form="map", k=2, E=4, tokens="equal", max_tok=64, tag="graph")
+    spec.update(pad=16, R=R)
+    results = gpu_pools.run(W, placement, "graph_replay", module="gpu_permute_cases",
+                            timeout_s=240, spec=spec, replays=50)
+    assert all(r["replays"] == 50 for r in results), results
+    report(record_property, results, label=f"graph replay {W // R}x{R}")
+
+
+@pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2")])
+def test_autograd_round_trip_domains(gpu_pools, record_property, W, placement, R):
+    """Megatron's autograd pattern across domains: gradients equal the reference's."""
+    spec = make_spec(W, H=512, form="map", k=2, E=4, max_tok=64, tag="autograd")
+    spec.update(pad=16, R=R)
+    results = gpu_pools.run(W, placement, "autograd_round_trip", module="gpu_permute_cases",
+                            spec=spec)
+    report(record_property, results, label=f"autograd {W // R}x{R}")

@@ -82,6 +82,7 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
     TransportDevice::signal(p.transport, 0, n,
                             p.net_allgather_flags + sizeof(uint64_t) * d.node_rank, 1, lane);
   }
+  if (warp < d.nodes - 1) TransportDevice::flush(p.transport, 0, lane);
   // 2. The peers' maps are here.
   if (int(threadIdx.x) < d.nodes && int(threadIdx.x) != d.node_rank) {
     const size_t mine = p.net_allgather_flags + sizeof(uint64_t) * threadIdx.x;

@@ -28,6 +28,7 @@ __device__ void network_barrier(const BarrierParams& p, int lane) {
     TransportDevice::signal(p.transport, 0, n, p.net_barrier_flags + sizeof(uint64_t) * d.node_rank,
                             1, lane);
   }
+  TransportDevice::flush(p.transport, 0, lane);
   for (int n = lane; n < d.nodes; n += 32) {
     if (n == d.node_rank) continue;
     const size_t mine = p.net_barrier_flags + sizeof(uint64_t) * n;

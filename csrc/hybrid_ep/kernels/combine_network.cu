@@ -56,6 +56,7 @@ __device__ void send_partials(const CombineNetworkParams& p, TokenRun* runs, int
     send_chunk(p.transport, channel, node, selected, first, last, tensors, flag,
                runs + warp * runs_per_warp(p.chunk), lane);
   }
+  TransportDevice::flush(p.transport, channel, lane);  // the partials are rewritten next call
 }
 
 // Whether token t has a partial from domain n: whether it went there (this domain's column of

@@ -311,6 +311,8 @@ __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, 
         p.network_flags + sizeof(uint64_t) * (size_t(d.node_rank) * p.max_chunks + c);
     send_chunk(p.transport, channel, node, selected, first, last, tensors, flag, runs, lane);
   }
+  // The sources (this call's rows) may be reused once the kernel ends.
+  TransportDevice::flush(p.transport, channel, lane);
 }
 
 // All threads: wait for every chunk this block receives (chunk c of every local rank).
