@@ -183,14 +183,22 @@ def test_max_net_tensors_matches_the_kernels():
     assert f"kMaxNetTensors = {transport_options.MAX_NET_TENSORS};" in header
 
 
+def test_sending_warps_match_the_kernels():
+    kernels = ROOT / "csrc" / "hybrid_ep" / "kernels"
+    dispatch = re.search(r"kNetworkWarps = (\d+);", (kernels / "dispatch.cu").read_text())
+    combine = re.search(r"kThreads = (\d+);", (kernels / "combine_network.cu").read_text())
+    most = max(int(dispatch[1]), int(combine[1]) // 32)
+    assert transport_options.SENDING_WARPS_PER_BLOCK == most
+
+
 @pytest.mark.parametrize(
     "chunk,blocks,channels,wqes",
     [
-        (64, 16, 1, 16 * (32 * 3 + 1)),
-        (64, 16, 4, 4 * 97),
-        (63, 17, 4, 5 * (32 * 3 + 1)),
-        (1, 1, 1, 4),
-        (128, 32, 2, 16 * (64 * 3 + 1)),
+        (64, 16, 1, 8 * 16 * (32 * 3 + 1)),
+        (64, 16, 4, 8 * 4 * 97),
+        (63, 17, 4, 8 * 5 * (32 * 3 + 1)),
+        (1, 1, 1, 8 * 4),
+        (128, 32, 2, 8 * 16 * (64 * 3 + 1)),
     ],
 )
 def test_worst_case_work_requests(chunk, blocks, channels, wqes):
@@ -198,29 +206,34 @@ def test_worst_case_work_requests(chunk, blocks, channels, wqes):
 
 
 def test_auto_depth_is_the_next_power_of_two():
-    assert transport_options.resolve_qp_depth(None, 64, 16, 1) == 2048
-    assert transport_options.resolve_qp_depth(None, 64, 16, 16) == 128
-    assert transport_options.resolve_qp_depth(None, 1, 1, 1) == 64  # a floor, not 4
-    assert transport_options.resolve_qp_depth(4096, 64, 16, 1) == 4096
-    assert transport_options.resolve_qp_depth(2048, 64, 16, 1) == 2048
+    assert transport_options.resolve_qp_depth(None, 64, 16, 1) == 16384
+    assert transport_options.resolve_qp_depth(None, 64, 16, 16) == 1024
+    assert transport_options.resolve_qp_depth(None, 1, 1, 1) == 64  # a floor, not 32
+    assert transport_options.resolve_qp_depth(16384, 64, 16, 1) == 16384
+    assert transport_options.resolve_qp_depth(13000, 64, 16, 1) == 13000
 
 
 def test_too_small_a_depth_names_the_limit_to_raise():
     with pytest.raises(ValueError) as error:
-        transport_options.resolve_qp_depth(1024, 64, 16, 1)
+        transport_options.resolve_qp_depth(8192, 64, 16, 1)
     message = str(error.value)
-    assert "HYBRID_EP_DOCA_QP_DEPTH=1024" in message
-    assert "at least 2048" in message and "1552 work requests" in message
+    assert "HYBRID_EP_DOCA_QP_DEPTH=8192" in message
+    assert "at least 16384" in message and "12416 work requests" in message
     assert "HYBRID_EP_NUM_CHANNELS" in message
 
 
 def test_a_config_no_queue_holds_asks_for_more_channels():
     with pytest.raises(ValueError, match="raise HYBRID_EP_NUM_CHANNELS to at least") as error:
-        transport_options.resolve_qp_depth(None, 4096, 132, 1)
+        transport_options.resolve_qp_depth(None, 1024, 132, 1)
     channels = int(re.search(r"at least (\d+)", str(error.value))[1])
-    assert transport_options.worst_case_wqes(4096, 132, channels) <= transport_options.MAX_QP_DEPTH
-    assert transport_options.worst_case_wqes(4096, 132, channels - 1) > 32768
-    assert transport_options.resolve_qp_depth(None, 4096, 132, channels) <= 32768
+    assert transport_options.worst_case_wqes(1024, 132, channels) <= transport_options.MAX_QP_DEPTH
+    assert transport_options.worst_case_wqes(1024, 132, channels - 1) > 32768
+    assert transport_options.resolve_qp_depth(None, 1024, 132, channels) <= 32768
+
+
+def test_a_chunk_no_queue_holds_asks_for_a_smaller_chunk():
+    with pytest.raises(ValueError, match="even with one block per channel; lower the chunk"):
+        transport_options.resolve_qp_depth(None, 4096, 132, 1)
 
 
 def test_doca_options_end_to_end(sysfs):

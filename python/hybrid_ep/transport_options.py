@@ -18,6 +18,10 @@ from . import nic_topology
 # Tensors a chunk's network send puts per run: rows, probs, FP8 scales
 # (csrc/hybrid_ep/kernels/network_send.cuh, kMaxNetTensors).
 MAX_NET_TENSORS = 3
+# Warps of one block that send, each holding at most one chunk's work requests unrung: the
+# combine network step's 8 (kernels/combine_network.cu, kThreads / 32); the dispatch has 4
+# network warps (kernels/dispatch.cu, kNetworkWarps).
+SENDING_WARPS_PER_BLOCK = 8
 # DOCA GPUNetIO indexes the send queue with 16 bits: the largest power-of-two depth.
 MAX_QP_DEPTH = 32768
 
@@ -25,10 +29,10 @@ MAX_QP_DEPTH = 32768
 def worst_case_wqes(chunk_tokens: int, blocks: int, channels: int) -> int:
     """Work requests one queue pair may hold before their doorbell: per warp a chunk's
     runs (at most every other token) times the tensors, plus its signal; block b uses channel
-    b % channels, so ceil(blocks / channels) warps share a queue pair."""
+    b % channels, so the sending warps of ceil(blocks / channels) blocks share a queue pair."""
     runs = (chunk_tokens + 1) // 2
     per_warp = runs * MAX_NET_TENSORS + 1
-    return per_warp * -(-blocks // channels)
+    return per_warp * SENDING_WARPS_PER_BLOCK * -(-blocks // channels)
 
 
 def resolve_qp_depth(requested: int | None, chunk_tokens: int, blocks: int, channels: int) -> int:
@@ -36,12 +40,19 @@ def resolve_qp_depth(requested: int | None, chunk_tokens: int, blocks: int, chan
     raises ValueError naming the limit to raise when the queue cannot hold the worst case."""
     need = worst_case_wqes(chunk_tokens, blocks, channels)
     detail = (
-        f"up to {-(-blocks // channels)} blocks share each of the {channels} channels' "
-        f"queue pairs, each with up to {(chunk_tokens + 1) // 2} runs x "
+        f"up to {-(-blocks // channels)} blocks x {SENDING_WARPS_PER_BLOCK} sending warps share "
+        f"each of the {channels} channels' queue pairs, each warp with up to "
+        f"{(chunk_tokens + 1) // 2} runs x "
         f"{MAX_NET_TENSORS} tensors + 1 signal per chunk of {chunk_tokens} tokens: "
         f"{need} work requests"
     )
     if need > MAX_QP_DEPTH:
+        if worst_case_wqes(chunk_tokens, blocks, blocks) > MAX_QP_DEPTH:
+            raise ValueError(
+                f"doca transport: {detail}, more than a queue pair holds ({MAX_QP_DEPTH}) even "
+                "with one block per channel; lower the chunk size "
+                "(NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API / _COMBINE_API)"
+            )
         channels_needed = channels
         while worst_case_wqes(chunk_tokens, blocks, channels_needed) > MAX_QP_DEPTH:
             channels_needed += 1
