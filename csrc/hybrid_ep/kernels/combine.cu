@@ -62,18 +62,12 @@ __host__ __device__ inline int piece_bytes(const CombineParams& p) {
   return p.hidden / p.pieces * (p.fp32_input ? 4 : 2);
 }
 
-// What a stage holds: a copy's piece, or in partial mode room for the piece's fp32 sum, which
-// is built over the first copy's stage and leaves by one bulk store.
-__host__ __device__ inline int stage_piece_bytes(const CombineParams& p) {
-  return p.partial ? p.hidden / p.pieces * 4 : piece_bytes(p);
-}
-
 __device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p) {
   Ring ring;
   ring.stages = p.stages;
   ring.prob_bytes = ring_prob_bytes(p);
-  ring.prob_at = align_up(stage_piece_bytes(p), 16);
-  ring.stride = stage_stride(stage_piece_bytes(p), ring.prob_bytes);
+  ring.prob_at = align_up(piece_bytes(p), 16);
+  ring.stride = stage_stride(piece_bytes(p), ring.prob_bytes);
   ring.rows = smem;
   ring.full = reinterpret_cast<uint64_t*>(smem + size_t(ring.stride) * p.stages);
   ring.empty = ring.full + p.stages;
@@ -232,13 +226,8 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
         }
         const int64_t out_at = int64_t(t) * p.hidden + int64_t(piece) * piece_cols;
         bool stored = false;  // a bulk store reads the first stage
-        if (p.partial) {      // several domains: the unrounded fp32 sum, by one bulk store
-          sum_fp32_into_first(st, copies, vectors, p.fp32_input, lane);
-          stored = true;
-          if (lane == 0) {
-            ptx::bulk_store(p.partials + out_at, st.at(0), piece_cols * 4);
-            ptx::bulk_commit();
-          }
+        if (p.partial) {      // several domains: the unrounded fp32 sum, by the lanes
+          sum_to_fp32(st, copies, vectors, p.fp32_input, p.partials + out_at, lane);
         } else {
           // One BF16 copy is its own sum: it is stored as it is.
           if (copies > 1 || (copies == 1 && p.fp32_input)) {
@@ -300,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
 
 // The ring's shared memory, from the same params the kernel carves it with (carve_ring).
 size_t combine_stage_bytes(const CombineParams& p) {
-  return stage_stride(stage_piece_bytes(p), ring_prob_bytes(p)) + 2 * sizeof(uint64_t);
+  return stage_stride(piece_bytes(p), ring_prob_bytes(p)) + 2 * sizeof(uint64_t);
 }
 
 size_t combine_reserved_smem(int chunk, int ranks) {

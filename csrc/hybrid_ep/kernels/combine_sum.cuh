@@ -139,35 +139,23 @@ __device__ __forceinline__ void sum_into_first(const CopyStages& st, int copies,
   ptx::fence_proxy_async_shared();
 }
 
-// Partial sums (several domains): the fp32 sum of `copies` (>= 1) staged copies, unrounded,
-// over the first copy's stage (which has room for fp32 columns); then one bulk store takes it
-// (per-lane global stores of the fp32 rows made the kernel about 4x slower than its BF16 TMA
-// output). BF16 input grows in place: vector v's fp32 lands on the bytes of BF16 vectors 2v
-// and 2v + 1, so rounds run last to first, each reading before any lane writes.
-__device__ __noinline__ void sum_fp32_into_first(const CopyStages& st, int copies, int vectors,
-                                                 bool fp32_input, int lane) {
-  float4* out = reinterpret_cast<float4*>(st.at(0));
-  const int rounds = (vectors + 31) / 32;
-  for (int round = rounds - 1; round >= 0; --round) {
-    const int v = round * 32 + lane;
+// Partial sums (several domains): the fp32 sum of `copies` (>= 0) staged copies, unrounded,
+// straight to global memory (the BF16 rounding comes after the other domains' partials).
+__device__ __noinline__ void sum_to_fp32(const CopyStages& st, int copies, int vectors,
+                                         bool fp32_input, float* dst, int lane) {
+  for (int v = lane; v < vectors; v += 32) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (v < vectors) {
-      for (int k = 0; k < copies; ++k) {
-        if (fp32_input) {
-          accumulate_fp32(acc, reinterpret_cast<const float4*>(st.at(k)) + 2 * v);
-        } else {
-          accumulate(acc, reinterpret_cast<const uint4*>(st.at(k))[v]);
-        }
+    for (int k = 0; k < copies; ++k) {
+      if (fp32_input) {
+        accumulate_fp32(acc, reinterpret_cast<const float4*>(st.at(k)) + 2 * v);
+      } else {
+        accumulate(acc, reinterpret_cast<const uint4*>(st.at(k))[v]);
       }
     }
-    __syncwarp();
-    if (v < vectors) {
-      out[2 * v] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-      out[2 * v + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    }
-    __syncwarp();
+    float4* out = reinterpret_cast<float4*>(dst) + 2 * v;
+    out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
   }
-  ptx::fence_proxy_async_shared();
 }
 
 }  // namespace hybrid_ep
