@@ -12,6 +12,13 @@ _CPU_DEFAULTS = {"ranks": 4, "hidden": 2048, "tokens": 512, "experts_per_rank": 
                  "iters": 5, "warmup": 1}
 
 
+def _check_shape(topk: int, experts_total: int, hidden: int) -> None:
+    if topk > experts_total:
+        raise SystemExit(f"--topk {topk} exceeds the {experts_total} experts in total")
+    if hidden % 128 != 0:
+        raise SystemExit(f"--hidden {hidden} must be a multiple of 128 (FP8 scales)")
+
+
 def _bench(args) -> int:
     from . import bench
 
@@ -27,11 +34,7 @@ def _bench(args) -> int:
     for name in ("ranks", "nodes", "hidden", "tokens", "experts_per_rank", "topk", "iters"):
         if getattr(cfg, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
-    if cfg.topk > cfg.experts_per_rank * cfg.ranks:
-        raise SystemExit(f"--topk {cfg.topk} exceeds the {cfg.experts_per_rank * cfg.ranks} "
-                         "experts in total")
-    if cfg.hidden % 128 != 0:
-        raise SystemExit(f"--hidden {cfg.hidden} must be a multiple of 128 (FP8 scales)")
+    _check_shape(cfg.topk, cfg.experts_per_rank * cfg.ranks, cfg.hidden)
     try:
         device, rows = bench.run(cfg)
     except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
@@ -64,11 +67,7 @@ def _bench_domains(args) -> int:
         raise SystemExit(f"--nodes {cfg.nodes} must divide --ranks {cfg.ranks}")
     if min(channels) < 1 or max(channels) > 64:
         raise SystemExit(f"--channels {args.channels}: each count must be in 1..64")
-    if cfg.topk > cfg.experts_per_rank * cfg.ranks:
-        raise SystemExit(f"--topk {cfg.topk} exceeds the {cfg.experts_per_rank * cfg.ranks} "
-                         "experts in total")
-    if cfg.hidden % 128 != 0:
-        raise SystemExit(f"--hidden {cfg.hidden} must be a multiple of 128 (FP8 scales)")
+    _check_shape(cfg.topk, cfg.experts_per_rank * cfg.ranks, cfg.hidden)
     try:
         print(domains.run(cfg, json_path=args.json))
     except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
@@ -111,11 +110,7 @@ def _bench_gpu(args) -> int:
     ranks += list(cfg.sm_ranks) if "sm" in regimes else []
     if min(ranks) < 1 or min(cfg.hbm_sms, cfg.sm_sms) < 1:
         raise SystemExit("--ranks and --sms must be >= 1")
-    if cfg.topk > cfg.experts_per_rank * min(ranks):
-        raise SystemExit(f"--topk {cfg.topk} exceeds the {cfg.experts_per_rank * min(ranks)} "
-                         "experts in total")
-    if cfg.hidden % 128 != 0:
-        raise SystemExit(f"--hidden {cfg.hidden} must be a multiple of 128 (FP8 scales)")
+    _check_shape(cfg.topk, cfg.experts_per_rank * min(ranks), cfg.hidden)
     try:
         gpubench.run(cfg, json_path=args.json)
     except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it

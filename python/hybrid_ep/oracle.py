@@ -44,3 +44,15 @@ def expected_combine_of_dispatch(hidden: torch.Tensor, routing_map: torch.Tensor
     """combine(dispatch(x)) = x times its copy count (exact in fp32 for small counts)."""
     copies = copies_per_token(routing_map, experts).to(torch.float32)
     return (hidden.float() * copies[:, None]).to(torch.bfloat16)
+
+
+def assert_same(name: str, got, want) -> None:
+    """Bit for bit (through a byte view, so FP8 and NaN payloads compare exactly), or raise."""
+    if got is None or want is None:
+        assert got is None and want is None, f"{name}: one of result and oracle is None"
+        return
+    ok = got.shape == want.shape and torch.equal(got.contiguous().view(torch.uint8),
+                                                 want.contiguous().view(torch.uint8))
+    if not ok:
+        raise AssertionError(f"{name}: differs from the oracle (shape {tuple(got.shape)} vs "
+                             f"{tuple(want.shape)}); no numbers are reported for a wrong kernel")

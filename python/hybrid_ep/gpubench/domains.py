@@ -17,19 +17,17 @@ put per (token, destination domain) instead of one per run.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from .. import oracle
 from .config import GpuBenchConfig, make_routing, make_tokens
+from .spawn import run_ranks
 from .timing import time_call
 
 DOMAIN_OPS = ("dispatch_pre", "dispatch_bf16", "dispatch_fp8", "combine_bf16")
@@ -107,26 +105,18 @@ def _verify(cfg: DomainBenchConfig, out: dict, tokens: dict, rank: int, group) -
     per_domain = cfg.ranks // cfg.nodes
     want = oracle.expected_dispatch(everyone, rank, cfg.experts_per_rank, per_domain)
     for op in ("dispatch_pre", "dispatch_bf16"):
-        _same(f"{op} rows", out[op][0], want[0])
-        _same(f"{op} probs", out[op][1], want[1])
+        oracle.assert_same(f"{op} rows", out[op][0], want[0])
+        oracle.assert_same(f"{op} probs", out[op][1], want[1])
     want8 = oracle.expected_dispatch(
         [{"hidden": e["fp8"], "routing_map": e["routing_map"], "scaling_factor": e["scales"]}
          for e in everyone], rank, cfg.experts_per_rank, per_domain)
-    _same("dispatch_fp8 rows", out["dispatch_fp8"][0], want8[0])
-    _same("dispatch_fp8 scales", out["dispatch_fp8"][2], want8[2])
+    oracle.assert_same("dispatch_fp8 rows", out["dispatch_fp8"][0], want8[0])
+    oracle.assert_same("dispatch_fp8 scales", out["dispatch_fp8"][2], want8[2])
     combined, combined_probs = out["combine_bf16"]
-    _same("combine rows", combined, oracle.expected_combine_of_dispatch(
+    oracle.assert_same("combine rows", combined, oracle.expected_combine_of_dispatch(
         tokens["hidden"], out["routing_map"], cfg.experts_per_rank))
-    _same("combine probs", combined_probs, out["probs"])
+    oracle.assert_same("combine probs", combined_probs, out["probs"])
     return list(DOMAIN_OPS)
-
-
-def _same(name: str, got, want) -> None:
-    ok = got.shape == want.shape and torch.equal(got.contiguous().view(torch.uint8),
-                                                 want.contiguous().view(torch.uint8))
-    if not ok:
-        raise AssertionError(f"{name}: differs from the oracle (shape {tuple(got.shape)} vs "
-                             f"{tuple(want.shape)}); no numbers are reported for a wrong kernel")
 
 
 def _measure(cfg: DomainBenchConfig, channels: int, rank: int) -> DomainRankResult:
@@ -165,25 +155,6 @@ def _measure(cfg: DomainBenchConfig, channels: int, rank: int) -> DomainRankResu
     dist.barrier(group)
     del buf
     return result
-
-
-def _worker(rank: int, cfg: DomainBenchConfig, channels: int, port: int, out_path: str):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["HYBRID_EP_NUM_CHANNELS"] = str(channels)
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group("gloo", rank=rank, world_size=cfg.ranks,
-                            timeout=datetime.timedelta(seconds=300))
-    try:
-        mine = _measure(cfg, channels, rank)
-        everyone = [None] * cfg.ranks
-        dist.all_gather_object(everyone, asdict(mine))
-        if rank == 0:
-            with open(out_path, "w") as f:
-                json.dump(everyone, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def _row_bytes(cfg: DomainBenchConfig, op: str) -> float:
@@ -231,19 +202,13 @@ def format_table(cfg: DomainBenchConfig, rows: list[dict], device: str) -> str:
 
 
 def run(cfg: DomainBenchConfig, json_path: str | None = None) -> str:
-    from ..bench import free_port
-
     if cfg.ranks % cfg.nodes != 0 or cfg.nodes < 2:
         raise ValueError(f"--nodes {cfg.nodes} must be >= 2 and divide --ranks {cfg.ranks}")
     device = torch.cuda.get_device_name(0)
     everything, tables = [], []
     for channels in cfg.channels:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "ranks.json")
-            mp.start_processes(_worker, args=(cfg, channels, free_port(), path),
-                               nprocs=cfg.ranks, start_method="spawn")
-            with open(path) as f:
-                results = json.load(f)
+        results = run_ranks(cfg.ranks, _measure, (cfg, channels),
+                            {"HYBRID_EP_NUM_CHANNELS": str(channels)})
         rows = summarize(cfg, results)
         everything.append({"channels": channels, "rows": rows, "ranks": results})
         tables.extend(rows)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import datetime
-import json
 import math
 import os
 import tempfile
 import warnings
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from .. import oracle
 from .ceiling import measure_ceilings
@@ -28,6 +25,7 @@ from .config import (
     make_routing,
     make_tokens,
 )
+from .spawn import run_ranks
 from .timing import is_our_kernel, kernel_events, measure_roofline, time_call
 
 
@@ -90,22 +88,22 @@ class _Rank:
         checked = []
         want = oracle.expected_dispatch(everyone, self.rank, cfg.experts_per_rank, spec.ranks)
         for op in ("pre", "bf16"):
-            _same(f"{op}: dispatched rows", out[op][0], want[0])
-            _same(f"{op}: dispatched probs", out[op][1], want[1])
+            oracle.assert_same(f"{op}: dispatched rows", out[op][0], want[0])
+            oracle.assert_same(f"{op}: dispatched probs", out[op][1], want[1])
             checked.append(OPS["dispatch_pre" if op == "pre" else "dispatch_bf16"][0])
         if cfg.fp8:
             want8 = oracle.expected_dispatch(
                 [{"hidden": e["fp8"], "routing_map": e["routing_map"],
                   "scaling_factor": e["scales"]} for e in everyone],
                 self.rank, cfg.experts_per_rank, spec.ranks)
-            _same("fp8: dispatched rows", out["fp8"][0], want8[0])
-            _same("fp8: dispatched probs", out["fp8"][1], want[1])
-            _same("fp8: dispatched scaling factors", out["fp8"][2], want8[2])
+            oracle.assert_same("fp8: dispatched rows", out["fp8"][0], want8[0])
+            oracle.assert_same("fp8: dispatched probs", out["fp8"][1], want[1])
+            oracle.assert_same("fp8: dispatched scaling factors", out["fp8"][2], want8[2])
             checked.append(OPS["dispatch_fp8"][0])
         combined, combined_probs = out["combine"]
-        _same("combine: rows", combined, oracle.expected_combine_of_dispatch(
+        oracle.assert_same("combine: rows", combined, oracle.expected_combine_of_dispatch(
             self.tokens["hidden"], out["routing_map"], cfg.experts_per_rank))
-        _same("combine: probs", combined_probs, out["probs"])
+        oracle.assert_same("combine: probs", combined_probs, out["probs"])
         checked.append(OPS["combine_bf16"][0])
         if cfg.permute:
             # Round trip through the identity expert: every token comes back as the BF16 of
@@ -114,23 +112,12 @@ class _Rank:
             selected = out["routing_map"].sum(1, dtype=torch.float32).unsqueeze(1)
             want_rows = (self.tokens["hidden"].float() * selected).to(torch.bfloat16)
             got_rows, got_probs = out["unperm"]
-            _same("permute round trip: rows", got_rows, want_rows)
-            _same("permute round trip: probs", got_probs, out["probs"])
+            oracle.assert_same("permute round trip: rows", got_rows, want_rows)
+            oracle.assert_same("permute round trip: probs", got_probs, out["probs"])
             checked += [OPS[op][0] for op in PERMUTE_OPS]
         del everyone, want
         torch.cuda.empty_cache()
         return checked
-
-
-def _same(name: str, got, want):
-    if got is None or want is None:
-        assert got is None and want is None, f"{name}: one of result and oracle is None"
-        return
-    ok = got.shape == want.shape and torch.equal(got.contiguous().view(torch.uint8),
-                                                 want.contiguous().view(torch.uint8))
-    if not ok:
-        raise AssertionError(f"{name}: differs from the oracle (shape {tuple(got.shape)} vs "
-                             f"{tuple(want.shape)}); no numbers are reported for a wrong kernel")
 
 
 def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
@@ -252,32 +239,9 @@ def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int,
         result.profiler_note = "profiler saw only " + ", ".join(short)
 
 
-def _worker(rank: int, cfg: GpuBenchConfig, spec: RunSpec, port: int, out_path: str,
-            sm_percentage: int | None = None):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    if sm_percentage is not None:  # read by MPS when this process creates its CUDA context
-        os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm_percentage)
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group("gloo", rank=rank, world_size=spec.ranks,
-                            timeout=datetime.timedelta(seconds=300))
-    try:
-        mine = _measure(cfg, spec, rank)
-        everyone = [None] * spec.ranks
-        dist.all_gather_object(everyone, asdict(mine))
-        if rank == 0:
-            with open(out_path, "w") as f:
-                json.dump(everyone, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> tuple[RunSpec, list[dict]]:
     """Runs the ranks of ``spec``; returns the spec as run (MPS share, roofline) and their
     results."""
-    from ..bench import free_port
-
     percentage = roofline = None
     gpus = torch.cuda.device_count()
     if cfg.mps_partition and spec.ranks > gpus:
@@ -286,12 +250,9 @@ def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> tuple[RunSpec, list[dict]]:
         roofline = measure_roofline() / 1e9
         spec = replace(spec, sm_percentage=percentage, roofline_gbps=roofline,
                        gpu_sm_count=sms)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "ranks.json")
-        mp.start_processes(_worker, args=(cfg, spec, free_port(), path, percentage),
-                           nprocs=spec.ranks, start_method="spawn")
-        with open(path) as f:
-            return spec, json.load(f)
+    # Read by MPS when a rank creates its CUDA context.
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percentage)} if percentage else {}
+    return spec, run_ranks(spec.ranks, _measure, (cfg, spec), env)
 
 
 def specs(cfg: GpuBenchConfig) -> list[RunSpec]:
