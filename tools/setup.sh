@@ -71,12 +71,37 @@ run "$py" -m pip install --no-build-isolation ".${extras}"
 run "$py" -c 'import hybrid_ep._C as c; print("hybrid_ep._C:", c.build_info())'
 
 # 4. With --test: the doca transport's build (preset doca) beside the installed one. It needs
-# only the DOCA GPUNetIO headers (nvidia-nvshmem-cu13, a test extra) and links no DOCA library;
-# tests/test_doca_loader.py runs its run-time loading against absent libraries.
+# only the DOCA GPUNetIO headers and links no DOCA library; tests/test_doca_loader.py runs its
+# run-time loading against absent libraries. The headers come from DOCA_HOME, or from the
+# nvidia-nvshmem-cu13 wheel (>= 3.8). An installed older wheel is left alone (a CUDA build of
+# torch pins its own version): the doca build is then skipped and its tests skip too.
 if [ -n "$extras" ]; then
-  echo "== doca transport: compile and link (cmake --preset doca)"
-  run cmake --preset doca -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
-  run cmake --build --preset doca
+  nvshmem=$("$py" - <<'PY'
+import importlib.metadata as md
+import os
+try:
+    version = md.version("nvidia-nvshmem-cu13")
+except md.PackageNotFoundError:
+    print("absent")
+    raise SystemExit
+import nvidia.nvshmem as wheel
+root = list(wheel.__path__)[0]
+found = os.path.isfile(os.path.join(root, "include", "gpunetio", "doca_gpunetio_device.h"))
+print("headers" if found else f"no-headers {version}")
+PY
+)
+  if [ -z "${DOCA_HOME:-}" ] && [ "$nvshmem" = "absent" ]; then
+    run "$py" -m pip install "nvidia-nvshmem-cu13>=3.8"
+    nvshmem=headers
+  fi
+  if [ -n "${DOCA_HOME:-}" ] || [ "$nvshmem" = "headers" ]; then
+    echo "== doca transport: compile and link (cmake --preset doca)"
+    run cmake --preset doca -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
+    run cmake --build --preset doca
+  else
+    echo "== doca transport: skipped (installed nvidia-nvshmem-cu13 ${nvshmem#no-headers } has"
+    echo "   no DOCA GPUNetIO headers and stays as it is; set DOCA_HOME to build the doca preset)"
+  fi
 fi
 # pyenv only finds new console scripts (hybrid-ep) after a rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
