@@ -242,8 +242,8 @@ class CudaEngine:
         stream = self._stream()
         self.runtime.dispatch(hidden.data_ptr(), _ptr(probs), _ptr(scaling_factor),
                               layout.sparse_to_dense_map.data_ptr(),
-                              layout.attn_to_rdma_map.data_ptr(), hidden.shape[0], row_bytes,
-                              scale_cols, not self._preprocessed, stream)
+                              layout.attn_to_rdma_map.data_ptr(), tokens, hidden.shape[0],
+                              row_bytes, scale_cols, not self._preprocessed, stream)
         if self._fresh_layout:
             self._read_summary(layout)
         self._fresh_layout = False
@@ -266,9 +266,9 @@ class CudaEngine:
         return out, out_probs, out_scales
 
     def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
-        return self._combine(hidden, probs, layout, num_tokens, None)
+        return self._combine(hidden, probs, layout, tokens, num_tokens, None)
 
-    def _combine(self, hidden, probs, layout: DispatchLayout, num_tokens: int,
+    def _combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int,
                  dense_to_expert_map):
         """Both combines: rows in dispatch order, or (with ``dense_to_expert_map``) in permuted
         order, unpermuted into the registered buffer first."""
@@ -289,7 +289,7 @@ class CudaEngine:
                              hidden.shape[1],
                              layout.sparse_to_dense_map.data_ptr(),
                              layout.rdma_to_attn_map.data_ptr(), layout.attn_to_rdma_map.data_ptr(),
-                             num_tokens, out.data_ptr(),
+                             tokens, num_tokens, out.data_ptr(),
                              _ptr(out_probs),
                              dense_to_expert_map.data_ptr() if unpermute else 0,
                              layout.num_dispatched_tokens_tensor.data_ptr() if unpermute else 0,
@@ -348,7 +348,8 @@ class CudaEngine:
                           num_dispatched: int | None, tokens: int, num_tokens: int):
         """Expert outputs in permuted order -> fp32 sums per dispatch row, written straight
         into the registered buffer (no rounding in between), then combine."""
-        return self._combine(hidden, probs, layout, num_tokens, dense_to_expert_map.contiguous())
+        return self._combine(hidden, probs, layout, tokens, num_tokens,
+                             dense_to_expert_map.contiguous())
 
 
 def _ptr(tensor) -> int:

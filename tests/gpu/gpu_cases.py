@@ -440,9 +440,9 @@ def two_buffers(ctx: Ctx, spec_a: dict, spec_b: dict) -> dict:
     stats = Stats()
     r = ctx.rank
     a = ctx.buffer(spec_a["H"], spec_a["max_tokens"][r], spec_a["E"],
-                   fp8=spec_a["dtype"] in FP8_KINDS)
+                   fp8=spec_a["dtype"] in FP8_KINDS, **domain_args(spec_a))
     b = ctx.buffer(spec_b["H"], spec_b["max_tokens"][r], spec_b["E"],
-                   fp8=spec_b["dtype"] in FP8_KINDS)
+                   fp8=spec_b["dtype"] in FP8_KINDS, **domain_args(spec_b))
     Ta, Tb = spec_a["tokens"][r], spec_b["tokens"][r]
     xa, sfa = make_hidden(ctx, spec_a, Ta, "x")
     rta = make_routing(ctx, spec_a, Ta)
@@ -525,7 +525,7 @@ def growth(ctx: Ctx, spec_small: dict, spec_big: dict, spec_after: dict) -> dict
     r = ctx.rank
     stats = Stats()
     small = spec_small["max_tokens"][r]
-    buf = ctx.buffer(spec_small["H"], small, spec_small["E"])
+    buf = ctx.buffer(spec_small["H"], small, spec_small["E"], **domain_args(spec_small))
     first = run_spec(ctx, buf, spec_small, stats, salt="/small")  # engine at the small size
     before = buf.max_num_of_tokens_per_rank
 

@@ -136,3 +136,32 @@ def test_autograd_round_trip_domains(gpu_pools, record_property, W, placement, R
     results = gpu_pools.run(W, placement, "autograd_round_trip", module="gpu_permute_cases",
                             spec=spec)
     report(record_property, results, label=f"autograd {W // R}x{R}")
+
+
+@pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2")])
+def test_growth_domains(gpu_pools, record_property, W, placement, R):
+    """A buffer of 64 tokens per rank grows when the last rank dispatches 300; the handle made
+    before the growth (indexed with the old T across domains) still works after it."""
+    small, big = 64, 300
+    spec_small = make_spec(W, H=4096, form="topk", k=2, max_tok=small, tag="dsmall")
+    big_tokens = list(spec_small["tokens"])
+    big_tokens[W - 1] = big
+    spec_big = make_spec(W, H=4096, form="topk", k=2, tokens=big_tokens, tag="dbig")
+    spec_big["max_tokens"] = spec_small["max_tokens"]
+    spec_after = make_spec(W, H=4096, form="map", k=2, max_tok=big, reuse=True, tag="dafter")
+    for spec in (spec_small, spec_big, spec_after):
+        spec["R"] = R
+    results = gpu_pools.run(W, placement, "growth", spec_small=spec_small, spec_big=spec_big,
+                            spec_after=spec_after)
+    assert all(r["before"] == small and r["after"] == big for r in results), results
+    report(record_property, results, label=f"growth {W // R}x{R}")
+
+
+@pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2")])
+def test_two_buffers_domains(gpu_pools, record_property, W, placement, R):
+    """Two buffers alive at once across domains, calls interleaved."""
+    spec_a = make_spec(W, H=4096, form="topk", k=2, E=4, max_tok=256, tag="dA")
+    spec_b = make_spec(W, H=7168, dtype="e4m3", form="map", k=2, E=2, max_tok=128, tag="dB")
+    spec_a["R"] = spec_b["R"] = R
+    results = gpu_pools.run(W, placement, "two_buffers", spec_a=spec_a, spec_b=spec_b)
+    report(record_property, results, label=f"two buffers {W // R}x{R}")

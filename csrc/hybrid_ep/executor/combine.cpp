@@ -71,7 +71,7 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
     // a rank without tokens (empty output) still reduces its peers' probs.
     uint8_t* base = runtime.registered();
     p.partial = true;
-    p.num_tokens = c.nodes * c.max_tokens;
+    p.num_tokens = c.nodes * checked_handle_tokens(runtime, call.handle_tokens);
     p.out = nullptr;
     p.out_probs = nullptr;
     p.partials = reinterpret_cast<float*>(base + l.partials);
@@ -100,11 +100,11 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   net.rdma_to_attn_map = call.rdma_to_attn_map;
   net.attn_to_rdma_map = call.attn_to_rdma_map;
   net.num_tokens = call.num_tokens;
-  net.max_tokens = c.max_tokens;
+  net.max_tokens = checked_handle_tokens(runtime, call.handle_tokens);
   net.hidden = call.hidden_size;
   net.prob_cols = int(s.prob_cols());
   net.chunk = c.dispatch_chunk;
-  net.max_chunks = int(s.max_chunks());
+  net.max_chunks = (net.max_tokens + c.dispatch_chunk - 1) / c.dispatch_chunk;
   net.channels = c.channels;
   net.with_probs = call.with_probs;
   net.partials = l.partials;

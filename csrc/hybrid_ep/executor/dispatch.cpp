@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -20,14 +22,15 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.scales = call.scales;
   p.sparse_to_dense_map = call.sparse_to_dense_map;
   p.num_tokens = call.num_tokens;
-  p.max_tokens = c.max_tokens;
+  const int T = checked_handle_tokens(runtime, call.handle_tokens);
+  p.max_tokens = T;
   p.row_bytes = call.row_bytes;
   p.prob_cols = int(s.prob_cols());
   p.prob_col_offset = c.node_rank * p.prob_cols;
   p.experts_total = int(s.experts_total());
   p.scale_cols = call.scale_cols;
   p.chunk = c.dispatch_chunk;
-  p.max_chunks = int(s.max_chunks());
+  p.max_chunks = (T + c.dispatch_chunk - 1) / c.dispatch_chunk;
   p.side_by_tma = dispatch_side_data_by_tma(p);
   p.stages = runtime.dispatch_stages(
       dispatch_stage_bytes(call.row_bytes, p.side_by_tma && p.probs ? p.prob_cols * 4 : 0,
@@ -43,14 +46,13 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   if (c.nodes > 1 && call.probs != nullptr) {
     // The network leg puts a run's probs for one domain at once: restripe them dest-major.
     float* restriped = reinterpret_cast<float*>(runtime.registered() + l.restriped_probs);
-    launch_restripe({call.probs, restriped, std::min(call.num_tokens, c.max_tokens), c.max_tokens,
-                     c.nodes, p.prob_cols},
+    launch_restripe({call.probs, restriped, std::min(call.num_tokens, T), T, c.nodes, p.prob_cols},
                     stream);
     p.restriped_probs = restriped;
   }
   p.net_hidden = call.hidden;
   p.net_scales_src = call.scales;
-  const int tokens = std::min(call.num_tokens, c.max_tokens);
+  const int tokens = std::min(call.num_tokens, T);
   if (c.nodes > 1 && TransportHost::kRegisteredSources && tokens > 0) {
     // The backend's puts read only registered memory: stage this rank's rows there.
     uint8_t* base = runtime.registered();
@@ -66,6 +68,16 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
     }
   }
   launch_dispatch(p, c.sms_dispatch, stream);
+}
+
+int checked_handle_tokens(const Runtime& runtime, int handle_tokens) {
+  const int buffer_tokens = runtime.config().max_tokens;
+  if (handle_tokens < 1 || handle_tokens > buffer_tokens) {
+    throw std::invalid_argument("handle: made for " + std::to_string(handle_tokens) +
+                                " tokens per rank, but this buffer holds " +
+                                std::to_string(buffer_tokens) + " (a handle of another buffer?)");
+  }
+  return handle_tokens;
 }
 
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream) {

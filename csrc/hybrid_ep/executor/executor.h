@@ -10,6 +10,9 @@
 
 namespace hybrid_ep {
 
+// A handle's T, checked against the buffer (which only grows); throws std::invalid_argument.
+int checked_handle_tokens(const Runtime& runtime, int handle_tokens);
+
 struct PreprocessCall {
   const uint8_t* routing_map;  // bool [num_tokens, E_total]
   int num_tokens;
@@ -33,6 +36,9 @@ struct DispatchCall {
   const float* scales;    // [num_tokens, hidden / 128] or null
   const int32_t* sparse_to_dense_map;
   const bool* attn_to_rdma_map;  // handle entry 2 (several domains)
+  // T of the handle: the buffer's tokens per rank when the handle was made (a buffer may have
+  // grown since); with several domains the forwarded token n * T + t is indexed with it.
+  int handle_tokens;
   int num_tokens;
   int row_bytes;
   int scale_cols;
@@ -98,9 +104,10 @@ struct CombineCall {
   const int32_t* sparse_to_dense_map;
   const bool* rdma_to_attn_map;  // handle entries 1 and 2 (several domains)
   const bool* attn_to_rdma_map;
-  int num_tokens;    // tokens of this rank (rows of the outputs)
-  uint16_t* out;     // bf16 [num_tokens, H]
-  float* out_probs;  // [num_tokens, E_total] or null
+  int handle_tokens;  // T of the handle, as in DispatchCall
+  int num_tokens;     // tokens of this rank (rows of the outputs)
+  uint16_t* out;      // bf16 [num_tokens, H]
+  float* out_probs;   // [num_tokens, E_total] or null
   // Unpermute first: handle entries 6 and 3 (dense_to_expert_map, num_dispatched_tokens).
   const int32_t* dense_to_expert_map;
   const int32_t* num_dispatched;
