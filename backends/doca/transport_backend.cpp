@@ -35,13 +35,7 @@ TransportHost::TransportHost(const TransportSetup& setup)
       nodes_(setup.nodes),
       node_rank_(setup.node_rank),
       channels_(setup.channels) {
-  if (nodes_ < 1 || node_rank_ < 0 || node_rank_ >= nodes_ || channels_ < 1) {
-    throw std::invalid_argument(
-        "transport: need nodes >= 1, 0 <= node_rank < nodes and "
-        "channels >= 1 (got " +
-        std::to_string(nodes_) + ", " + std::to_string(node_rank_) + ", " +
-        std::to_string(channels_) + ")");
-  }
+  setup.check();
   // Libraries and options first: what is missing must fail before any GPU allocation.
   doca::Options options;
   if (nodes_ > 1) {
@@ -49,7 +43,7 @@ TransportHost::TransportHost(const TransportSetup& setup)
     options = doca::parse_options(setup.options);
   }
   try {
-    counters_ = device_zeros<ChannelCounters>(size_t(channels_));
+    counters_ = allocate_counters(channels_);
     fault_ = device_zeros<unsigned int>(1);
     if (nodes_ > 1) {
       batch_slots_ = kBatchSlots;
@@ -113,9 +107,7 @@ TransportContext TransportHost::context() const {
 // Also the place where device-side faults surface: the GPU cannot throw, so it leaves bits in
 // the fault word and the next synchronous read reports them.
 std::vector<ChannelCounters> TransportHost::counters() const {
-  std::vector<ChannelCounters> out(channels_);
-  HYBRID_EP_CUDA_CHECK(cudaMemcpy(out.data(), counters_, sizeof(ChannelCounters) * out.size(),
-                                  cudaMemcpyDeviceToHost));
+  std::vector<ChannelCounters> out = read_counters(counters_, channels_);
   unsigned int fault = 0;
   HYBRID_EP_CUDA_CHECK(cudaMemcpy(&fault, fault_, sizeof(fault), cudaMemcpyDeviceToHost));
   if (fault & kDocaFaultSourceOutside) {
@@ -135,8 +127,6 @@ std::vector<ChannelCounters> TransportHost::counters() const {
   return out;
 }
 
-void TransportHost::reset_counters() {
-  HYBRID_EP_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(ChannelCounters) * size_t(channels_)));
-}
+void TransportHost::reset_counters() { zero_counters(counters_, channels_); }
 
 }  // namespace hybrid_ep

@@ -14,16 +14,8 @@ TransportHost::TransportHost(const TransportSetup& setup)
       nodes_(setup.nodes),
       node_rank_(setup.node_rank),
       channels_(setup.channels) {
-  if (nodes_ < 1 || node_rank_ < 0 || node_rank_ >= nodes_ || channels_ < 1) {
-    throw std::invalid_argument(
-        "transport: need nodes >= 1, 0 <= node_rank < nodes and "
-        "channels >= 1 (got " +
-        std::to_string(nodes_) + ", " + std::to_string(node_rank_) + ", " +
-        std::to_string(channels_) + ")");
-  }
-  const size_t bytes = sizeof(ChannelCounters) * size_t(channels_);
-  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_), bytes));
-  HYBRID_EP_CUDA_CHECK(cudaMemset(counters_, 0, bytes));
+  setup.check();
+  counters_ = allocate_counters(channels_);
 }
 
 TransportHost::~TransportHost() {
@@ -74,14 +66,9 @@ TransportContext TransportHost::context() const {
 }
 
 std::vector<ChannelCounters> TransportHost::counters() const {
-  std::vector<ChannelCounters> out(channels_);
-  HYBRID_EP_CUDA_CHECK(cudaMemcpy(out.data(), counters_, sizeof(ChannelCounters) * out.size(),
-                                  cudaMemcpyDeviceToHost));
-  return out;
+  return read_counters(counters_, channels_);
 }
 
-void TransportHost::reset_counters() {
-  HYBRID_EP_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(ChannelCounters) * size_t(channels_)));
-}
+void TransportHost::reset_counters() { zero_counters(counters_, channels_); }
 
 }  // namespace hybrid_ep

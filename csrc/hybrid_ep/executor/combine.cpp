@@ -41,6 +41,7 @@ void stage_rows(Runtime& runtime, const CombineCall& call, cudaStream_t stream) 
 }  // namespace
 
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
+  const int T = runtime.handle_tokens(call.handle_tokens);  // forwarded tokens are n * T + t
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
@@ -71,7 +72,7 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
     // a rank without tokens (empty output) still reduces its peers' probs.
     uint8_t* base = runtime.registered();
     p.partial = true;
-    p.num_tokens = c.nodes * checked_handle_tokens(runtime, call.handle_tokens);
+    p.num_tokens = c.nodes * T;
     p.out = nullptr;
     p.out_probs = nullptr;
     p.partials = reinterpret_cast<float*>(base + l.partials);
@@ -100,11 +101,11 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   net.rdma_to_attn_map = call.rdma_to_attn_map;
   net.attn_to_rdma_map = call.attn_to_rdma_map;
   net.num_tokens = call.num_tokens;
-  net.max_tokens = checked_handle_tokens(runtime, call.handle_tokens);
+  net.max_tokens = T;
   net.hidden = call.hidden_size;
   net.prob_cols = int(s.prob_cols());
   net.chunk = c.dispatch_chunk;
-  net.max_chunks = (net.max_tokens + c.dispatch_chunk - 1) / c.dispatch_chunk;
+  net.max_chunks = (T + c.dispatch_chunk - 1) / c.dispatch_chunk;
   net.channels = c.channels;
   net.with_probs = call.with_probs;
   net.partials = l.partials;

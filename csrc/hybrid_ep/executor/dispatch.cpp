@@ -1,6 +1,4 @@
 #include <algorithm>
-#include <stdexcept>
-#include <string>
 
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -22,7 +20,7 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.scales = call.scales;
   p.sparse_to_dense_map = call.sparse_to_dense_map;
   p.num_tokens = call.num_tokens;
-  const int T = checked_handle_tokens(runtime, call.handle_tokens);
+  const int T = runtime.handle_tokens(call.handle_tokens);
   p.max_tokens = T;
   p.row_bytes = call.row_bytes;
   p.prob_cols = int(s.prob_cols());
@@ -68,16 +66,6 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
     }
   }
   launch_dispatch(p, c.sms_dispatch, stream);
-}
-
-int checked_handle_tokens(const Runtime& runtime, int handle_tokens) {
-  const int buffer_tokens = runtime.config().max_tokens;
-  if (handle_tokens < 1 || handle_tokens > buffer_tokens) {
-    throw std::invalid_argument("handle: made for " + std::to_string(handle_tokens) +
-                                " tokens per rank, but this buffer holds " +
-                                std::to_string(buffer_tokens) + " (a handle of another buffer?)");
-  }
-  return handle_tokens;
 }
 
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream) {

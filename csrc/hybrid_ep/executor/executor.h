@@ -10,9 +10,6 @@
 
 namespace hybrid_ep {
 
-// A handle's T, checked against the buffer (which only grows); throws std::invalid_argument.
-int checked_handle_tokens(const Runtime& runtime, int handle_tokens);
-
 struct PreprocessCall {
   const uint8_t* routing_map;  // bool [num_tokens, E_total]
   int num_tokens;

@@ -5,6 +5,7 @@
 // every other domain, waits for theirs, and forwards them to the rest of the domain.
 #include <algorithm>
 
+#include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -47,11 +48,6 @@ __global__ void allgather_kernel(AllgatherParams p) {
     wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine),
               d.timeout_ns, d.status, d.abort, WaitSite::kAllgather, peer, 0);
   }
-}
-
-// The other domain numbered `k` among the domains that are not this one.
-__device__ __forceinline__ int other_domain(int k, int node_rank) {
-  return k < node_rank ? k : k + 1;
 }
 
 __device__ void copy_bytes(uint8_t* dst, const uint8_t* src, size_t bytes, int thread,

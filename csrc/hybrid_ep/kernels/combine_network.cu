@@ -10,6 +10,7 @@
 //            domain's E*R columns from that domain's partial.
 // Sends never wait, so every block sends everything first and no block waits on another.
 #include "hybrid_ep/kernels/common/bf16.cuh"
+#include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/network_send.cuh"
@@ -21,10 +22,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-
-__device__ __forceinline__ int other_domain(int k, int node_rank) {
-  return k < node_rank ? k : k + 1;
-}
 
 __device__ __forceinline__ int runs_per_warp(int chunk) { return (chunk + 1) / 2; }
 
@@ -64,7 +61,7 @@ __device__ void send_partials(const CombineNetworkParams& p, TokenRun* runs, int
 __device__ __forceinline__ bool partial_present(const CombineNetworkParams& p, int n, int t) {
   const int node_rank = p.domain.node_rank;
   if (n == node_rank) return p.rdma_to_attn_map[int64_t(t) * p.domain.nodes + node_rank];
-  const int k = n < node_rank ? n : n - 1;
+  const int k = other_domain_index(n, node_rank);
   return p.attn_to_rdma_map[int64_t(t) * (p.domain.nodes - 1) + k];
 }
 

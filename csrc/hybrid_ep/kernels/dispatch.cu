@@ -13,6 +13,7 @@
 //                  receives.
 // Chunk c of every domain belongs to block c % gridDim.x on every rank.
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
+#include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
@@ -296,7 +297,7 @@ __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, 
     const int c = blockIdx.x + (pair / others) * gridDim.x;
     const int first = min(c * p.chunk, T), last = min(first + p.chunk, T);
     const int k = pair % others;
-    const int node = k < d.node_rank ? k : k + 1;
+    const int node = other_domain(k, d.node_rank);
     const bool* goes = p.attn_to_rdma_map + k;
     const auto selected = [&](int t) { return t < tokens && goes[int64_t(t) * others]; };
     const NetTensor tensors[kMaxNetTensors] = {

@@ -104,11 +104,7 @@ void Runtime::open_peers(const std::vector<std::string>& handles) {
 void Runtime::connect_transport(const std::vector<std::string>& blobs) {
   transport_->connect(blobs);
   transport_context_ = transport_->context();
-  if (control_counters_ == nullptr) {
-    const size_t bytes = sizeof(ChannelCounters) * std::max(1, config_.channels);
-    HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&control_counters_), bytes));
-    HYBRID_EP_CUDA_CHECK(cudaMemset(control_counters_, 0, bytes));
-  }
+  if (control_counters_ == nullptr) control_counters_ = allocate_counters(config_.channels);
   control_context_ = transport_context_;
   control_context_.counters = control_counters_;  // the contract names this field
   transport_connected_ = true;
@@ -132,6 +128,15 @@ const TransportContext& Runtime::transport() const {
 const DomainView& Runtime::domain() const {
   if (!connected_) throw std::logic_error("Runtime: peers are not opened yet");
   return domain_;
+}
+
+int Runtime::handle_tokens(int tokens) const {
+  if (tokens < 1 || tokens > config_.max_tokens) {
+    throw std::invalid_argument(
+        "handle: made for " + std::to_string(tokens) + " tokens per rank, but this buffer holds " +
+        std::to_string(config_.max_tokens) + " (a handle of another buffer?)");
+  }
+  return tokens;
 }
 
 int Runtime::dispatch_stages(size_t stage_bytes) const {

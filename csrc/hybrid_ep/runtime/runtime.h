@@ -78,6 +78,9 @@ class Runtime {
   int64_t* host_summary() const { return host_summary_; }
   int64_t* device_summary() const { return device_summary_; }  // same words, device address
   DeviceStatus status() const { return *status_; }
+  // A handle's T (the buffer's tokens per rank when it was made), checked against this buffer,
+  // which only grows; throws std::invalid_argument.
+  int handle_tokens(int tokens) const;
   // Resource limits the kernels need (stages clamped to what shared memory holds).
   int dispatch_stages(size_t stage_bytes) const;
   int combine_stages(size_t stage_bytes) const;

@@ -1,5 +1,8 @@
-// Per-channel counters every transport keeps on the device (what transport_stats() reports).
+// Per-channel counters every transport keeps on the device (what transport_stats() reports),
+// and the host side every backend shares: their allocation, read and reset.
 #pragma once
+
+#include <vector>
 
 namespace hybrid_ep {
 
@@ -8,5 +11,11 @@ struct ChannelCounters {
   unsigned long long signals;
   unsigned long long bytes;
 };
+
+// Zeroed device array [channels]; free it with cudaFree. Throws CudaError.
+ChannelCounters* allocate_counters(int channels);
+// A synchronous read of the device array [channels].
+std::vector<ChannelCounters> read_counters(const ChannelCounters* device, int channels);
+void zero_counters(ChannelCounters* device, int channels);
 
 }  // namespace hybrid_ep

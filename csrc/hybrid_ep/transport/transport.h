@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,16 @@ struct TransportSetup {
   // Backend settings resolved by the Python layer (hybrid_ep/transport_options.py), as strings;
   // a backend ignores the keys it does not know.
   std::map<std::string, std::string> options;
+
+  // Every backend's constructor starts here; throws std::invalid_argument.
+  void check() const {
+    if (nodes < 1 || node_rank < 0 || node_rank >= nodes || channels < 1) {
+      throw std::invalid_argument(
+          "transport: need nodes >= 1, 0 <= node_rank < nodes and channels >= 1 (got " +
+          std::to_string(nodes) + ", " + std::to_string(node_rank) + ", " +
+          std::to_string(channels) + ")");
+    }
+  }
 };
 
 }  // namespace hybrid_ep
