@@ -119,3 +119,15 @@ def test_channels_take_chunks_round_robin_by_block(pools):
                                                                  2 * per_channel[1]]
         assert [ch["puts"] for ch in stats["channels"]] == [2 * per_channel[0],
                                                               2 * per_channel[1]]
+
+
+def test_counts_of_two_sources_add_per_channel():
+    """transport_stats() adds the CUDA engine's device counters to the reference's model."""
+    from hybrid_ep.reference.network import ChannelStats, TransportStats
+
+    mine = TransportStats([ChannelStats(1, 2, 30), ChannelStats(0, 1, 0)])
+    both = mine.plus([{"puts": 4, "signals": 5, "bytes": 60}, {"puts": 0, "signals": 0,
+                                                             "bytes": 7}])
+    assert both.as_dict() == {"channels": [{"puts": 5, "signals": 7, "bytes": 90},
+                                           {"puts": 0, "signals": 1, "bytes": 7}],
+                              "puts": 5, "signals": 8, "bytes": 97}

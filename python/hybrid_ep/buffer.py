@@ -279,13 +279,10 @@ class HybridEPBuffer:
         probs going back. Calls inside one NVLink domain send nothing over the network. The CUDA
         engine reads its device counters (a synchronisation); the reference engine models them.
         Control traffic (barriers, the routing all-gather) is not counted."""
-        stats = self._sends.as_dict()
+        sends = self._sends
         if self._cuda_engine is not None:
-            device = network.TransportStats(
-                [network.ChannelStats(**c) for c in self._cuda_engine.transport_counters()])
-            merged = [{k: a[k] + b[k] for k in a}
-                      for a, b in zip(stats["channels"], device.as_dict()["channels"], strict=True)]
-            stats = network.TransportStats([network.ChannelStats(**c) for c in merged]).as_dict()
+            sends = sends.plus(self._cuda_engine.transport_counters())
+        stats = sends.as_dict()
         if reset:
             self._sends = network.TransportStats.with_channels(self.config.num_channels)
             if self._cuda_engine is not None:

@@ -18,7 +18,7 @@ def _buffer(R: int, tokens: int, channels: int, use_fp8: bool, hidden: int) -> H
                               num_of_hybrid_ep_ranks_per_nvlink_domain=R)
 
 
-def _routing(tokens: int, pattern: str, R: int) -> torch.Tensor:
+def counter_routing(tokens: int, pattern: str, R: int) -> torch.Tensor:
     """Bool [tokens, E_total]. dense: every token to one expert on every rank; runs: tokens go
     to the other domains only where t % 10 < 4 (runs of 4 tokens, also across chunk ends);
     local: never leaves the domain."""
@@ -49,7 +49,7 @@ def dispatch_counters(R: int, pattern: str, dtype: str, with_probs: bool, channe
     hidden = 256
     use_fp8 = dtype == "fp8"
     buf = _buffer(R, max_tokens, channels, use_fp8, hidden)
-    rmap = _routing(my_tokens, pattern, R)
+    rmap = counter_routing(my_tokens, pattern, R)
     if use_fp8:
         x = torch.randint(0, 256, (my_tokens, hidden), dtype=torch.uint8)
         scales = torch.rand(my_tokens, hidden // 128)
@@ -69,7 +69,7 @@ def combine_counters(R: int, pattern: str, with_probs: bool, tokens: int) -> dic
     the peers' tokens that came to this domain go back to them."""
     hidden = 256
     buf = _buffer(R, tokens, 1, False, hidden)
-    rmap = _routing(tokens, pattern, R)
+    rmap = counter_routing(tokens, pattern, R)
     x = torch.randn(tokens, hidden).to(torch.bfloat16)
     probs = torch.where(rmap, 0.5, 0.0) if with_probs else None
     rows, rows_probs, _, handle = buf.dispatch(x, routing_map=rmap, probs=probs)

@@ -29,6 +29,20 @@ def make_spec(W: int, *, H: int, dtype: str = "bf16", form: str = "topk", k: int
                 "strided": strided}
 
 
+def growth_specs(W: int, small: int, big: int, tag: str = "") -> tuple[dict, dict, dict]:
+    """The growth case: a buffer sized for ``small`` tokens per rank (spec_small), the last rank
+    then dispatching ``big`` into it (spec_big), and a call that fits the grown buffer with
+    handle reuse (spec_after)."""
+    spec_small = make_spec(W, H=4096, form="topk", k=2, max_tok=small, tag=f"{tag}small")
+    big_tokens = list(spec_small["tokens"])
+    big_tokens[W - 1] = big
+    spec_big = make_spec(W, H=4096, form="topk", k=2, tokens=big_tokens, tag=f"{tag}big")
+    spec_big["max_tokens"] = spec_small["max_tokens"]
+    spec_after = make_spec(W, H=4096, form="map", k=2, max_tok=big, reuse=True,
+                           tag=f"{tag}after")
+    return spec_small, spec_big, spec_after
+
+
 def spec_id(case: dict) -> str:
     """A readable test id of make_spec's keyword arguments."""
     parts = [f"h{case['H']}", case.get("dtype", "bf16"),

@@ -18,15 +18,18 @@ from hybrid_ep import native
 from hybrid_ep.topology import gather_objects
 
 
-@job
-def transport_check(ctx, nodes: int, channels: int, nbytes: int, rounds: int) -> dict:
+def _connected_runtime(ctx, nodes: int, channels: int, max_tokens: int, chunk: int | None = None):
+    """A runtime of this rank with its domain's peers opened and the transport connected to
+    the peer of every other domain (the CUDA engine's steps, without the engine)."""
     C = native.module()
     W, rank = ctx.W, ctx.rank
     R = W // nodes
     node, local = rank // R, rank % R
     rc = C.RuntimeConfig()
     rc.world, rc.ranks, rc.nodes, rc.node_rank, rc.local_rank = W, R, nodes, node, local
-    rc.experts_per_rank, rc.max_tokens, rc.hidden = 2, 64, 1024
+    rc.experts_per_rank, rc.max_tokens, rc.hidden = 2, max_tokens, 1024
+    if chunk is not None:
+        rc.dispatch_chunk = chunk
     rc.sms_dispatch = rc.sms_combine = rc.sms_preprocessing = ctx.sms
     rc.channels = channels
     rc.timeout_s = 30.0
@@ -36,6 +39,13 @@ def transport_check(ctx, nodes: int, channels: int, nbytes: int, rounds: int) ->
     runtime.open_peers(handles[node * R:(node + 1) * R])
     blobs = gather_objects(runtime.transport_bootstrap(), group)
     runtime.connect_transport([blobs[n * R + local] for n in range(nodes)])
+    return runtime
+
+
+@job
+def transport_check(ctx, nodes: int, channels: int, nbytes: int, rounds: int) -> dict:
+    rank = ctx.rank
+    runtime = _connected_runtime(ctx, nodes, channels, max_tokens=64)
     stream = torch.cuda.current_stream().cuda_stream
     wrong = []
     for n in range(rounds):  # every channel, and every flag advanced more than once
@@ -80,24 +90,11 @@ def network_send(ctx, nodes: int, chunk: int, pattern: str, channels: int, round
     tiles where its routing says so, and the counters equal the reference's count."""
     from hybrid_ep.reference.network import RowWidths, TransportStats, count_dispatch_sends
 
-    C = native.module()
     W, rank = ctx.W, ctx.rank
     R = W // nodes
     node, local = rank // R, rank % R
     T, row_bytes, blocks = 200, 1040, 3
-    rc = C.RuntimeConfig()
-    rc.world, rc.ranks, rc.nodes, rc.node_rank, rc.local_rank = W, R, nodes, node, local
-    rc.experts_per_rank, rc.max_tokens, rc.hidden = 2, T, 1024
-    rc.dispatch_chunk = chunk
-    rc.sms_dispatch = rc.sms_combine = rc.sms_preprocessing = ctx.sms
-    rc.channels = channels
-    rc.timeout_s = 30.0
-    runtime = C.Runtime(rc)
-    group = dist.group.WORLD
-    handles = gather_objects(runtime.export_handle(), group)
-    runtime.open_peers(handles[node * R:(node + 1) * R])
-    blobs = gather_objects(runtime.transport_bootstrap(), group)
-    runtime.connect_transport([blobs[n * R + local] for n in range(nodes)])
+    runtime = _connected_runtime(ctx, nodes, channels, max_tokens=T, chunk=chunk)
     stream = torch.cuda.current_stream().cuda_stream
     want = TransportStats.with_channels(channels)
     offsets = runtime.layout_offsets()

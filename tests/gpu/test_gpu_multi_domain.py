@@ -11,7 +11,7 @@ from __future__ import annotations
 import gpu_env
 import pytest
 from gpu_env import gpu_marks, placement_param
-from gpu_specs import make_spec, report, spec_id
+from gpu_specs import growth_specs, make_spec, report, spec_id
 
 pytestmark = gpu_marks
 
@@ -143,12 +143,7 @@ def test_growth_domains(gpu_pools, record_property, W, placement, R):
     """A buffer of 64 tokens per rank grows when the last rank dispatches 300; the handle made
     before the growth (indexed with the old T across domains) still works after it."""
     small, big = 64, 300
-    spec_small = make_spec(W, H=4096, form="topk", k=2, max_tok=small, tag="dsmall")
-    big_tokens = list(spec_small["tokens"])
-    big_tokens[W - 1] = big
-    spec_big = make_spec(W, H=4096, form="topk", k=2, tokens=big_tokens, tag="dbig")
-    spec_big["max_tokens"] = spec_small["max_tokens"]
-    spec_after = make_spec(W, H=4096, form="map", k=2, max_tok=big, reuse=True, tag="dafter")
+    spec_small, spec_big, spec_after = growth_specs(W, small, big, tag="d")
     for spec in (spec_small, spec_big, spec_after):
         spec["R"] = R
     results = gpu_pools.run(W, placement, "growth", spec_small=spec_small, spec_big=spec_big,

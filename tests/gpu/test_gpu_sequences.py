@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from gpu_env import gpu_marks, placement_param
-from gpu_specs import make_spec, report
+from gpu_specs import growth_specs, make_spec, report
 
 pytestmark = gpu_marks
 
@@ -44,12 +44,7 @@ def test_two_buffers(gpu_pools, record_property, W, placement):
 def test_growth(gpu_pools, record_property, W, placement):
     """The buffer holds 64 tokens per rank; the last rank then dispatches 300."""
     small, big = 64, 300
-    spec_small = make_spec(W, H=4096, form="topk", k=2, max_tok=small, tag="small")
-    big_tokens = list(spec_small["tokens"])
-    big_tokens[W - 1] = big
-    spec_big = make_spec(W, H=4096, form="topk", k=2, tokens=big_tokens, tag="big")
-    spec_big["max_tokens"] = spec_small["max_tokens"]
-    spec_after = make_spec(W, H=4096, form="map", k=2, max_tok=big, reuse=True, tag="after")
+    spec_small, spec_big, spec_after = growth_specs(W, small, big)
     results = gpu_pools.run(W, placement, "growth", spec_small=spec_small, spec_big=spec_big,
                             spec_after=spec_after)
     assert all(r["before"] == small and r["after"] == big for r in results), results

@@ -51,6 +51,12 @@ class TransportStats:
     def with_channels(count: int) -> TransportStats:
         return TransportStats([ChannelStats() for _ in range(count)])
 
+    def plus(self, channels: list[dict]) -> TransportStats:
+        """These counts with another source's per channel ({puts, signals, bytes}) added."""
+        return TransportStats([
+            ChannelStats(**{key: getattr(mine, key) + other[key] for key in vars(mine)})
+            for mine, other in zip(self.channels, channels, strict=True)])
+
     def as_dict(self) -> dict:
         per_channel = [vars(c).copy() for c in self.channels]
         totals = {key: sum(c[key] for c in per_channel) for key in ("puts", "signals", "bytes")}
