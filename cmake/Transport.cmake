@@ -11,7 +11,7 @@
 #   HYBRID_EP_BACKEND_CUDA_RDC             ON if device code must be relocatable (-rdc=true)
 
 # Transports the design names but whose backend is not written yet.
-set(HYBRID_EP_PLANNED_TRANSPORTS nvshmem nixl)
+set(HYBRID_EP_PLANNED_TRANSPORTS nvshmem)
 
 set(HYBRID_EP_TRANSPORT "p2p" CACHE STRING "Transport backend (see backends/)")
 

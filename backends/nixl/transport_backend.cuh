@@ -1,0 +1,113 @@
+// nixl transport, device side: puts and signals through UCX's device API on the memory views
+// the NIXL agents prepared (ucx_device.cuh). A put reads from our registered buffer (element 0
+// of the local view) and writes element 0 of the peer's remote view; UCX channel = our channel
+// (UCX spreads channels over its lanes, i.e. rails, first). A signal is a counter add on the
+// peer's 64-bit flag, ordered after the channel's puts. A put UCX leaves in progress is kept in
+// the warp's pending slot; flush progresses it until it completes. Counters count as the p2p
+// backend does: one put and its bytes per put call, one signal per signal call.
+#pragma once
+
+#include <cstdint>
+
+#include "hybrid_ep/kernels/common/ptx.cuh"
+#include "transport_backend.h"
+#include "ucx_device.cuh"
+
+namespace hybrid_ep {
+
+static_assert(sizeof(ucp_device_request_t) <= sizeof(NixlPending::request),
+              "NixlPending::request must hold a ucp_device_request_t");
+
+namespace nixl_device {
+
+// A flush gives up (and reports kNixlFaultCompletion) after this long without completion.
+constexpr uint64_t kFlushTimeoutNs = 60ull * 1000 * 1000 * 1000;
+
+__device__ __forceinline__ NixlPending* warp_slot(const TransportContext& ctx) {
+  const uint64_t block =
+      blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
+  const uint32_t thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const uint32_t warps = (blockDim.x * blockDim.y * blockDim.z + 31) / 32;
+  const uint64_t slot = block * warps + thread / 32;
+  return slot < uint64_t(ctx.pending_slots) ? ctx.pending + slot : nullptr;
+}
+
+__device__ __forceinline__ ucp_device_request_t* request_of(NixlPending* slot) {
+  return reinterpret_cast<ucp_device_request_t*>(slot->request);
+}
+
+// Progresses the slot's request to completion (all lanes); a failure or a minute without
+// completion leaves a fault bit.
+__device__ inline void complete(const TransportContext& ctx, NixlPending* slot, int lane) {
+  if (!slot->in_flight) return;
+  const uint64_t start = ptx::global_timer_ns();
+  ucs_status_t status;
+  do {
+    status = ucx_device::progress(request_of(slot));
+  } while (status == UCS_INPROGRESS && ptx::global_timer_ns() - start < kFlushTimeoutNs);
+  __syncwarp();
+  if (lane == 0) {
+    if (status != UCS_OK) atomicOr(ctx.fault, unsigned(kNixlFaultCompletion));
+    slot->in_flight = 0;
+  }
+  __syncwarp();
+}
+
+}  // namespace nixl_device
+
+struct TransportDevice {
+  __device__ static void put(const TransportContext& ctx, int channel, int node,
+                             size_t remote_offset, const void* src, size_t bytes, int lane) {
+    if (lane == 0) {
+      atomicAdd(&ctx.counters[channel].puts, 1ull);
+      atomicAdd(&ctx.counters[channel].bytes, static_cast<unsigned long long>(bytes));
+    }
+    const uint64_t local = uint64_t(static_cast<const uint8_t*>(src) - ctx.local_base);
+    if (local >= ctx.local_bytes || bytes > ctx.local_bytes - local) {
+      if (lane == 0) atomicOr(ctx.fault, unsigned(kNixlFaultSourceOutside));
+      return;
+    }
+    NixlPending* slot = nixl_device::warp_slot(ctx);
+    // A put on another channel than the one in flight: complete that one first, the slot
+    // tracks one channel.
+    if (slot != nullptr && slot->in_flight && slot->channel != channel) {
+      nixl_device::complete(ctx, slot, lane);
+    }
+    ucp_device_request_t* request = slot != nullptr ? nixl_device::request_of(slot) : nullptr;
+    const ucs_status_t status = ucx_device::put(ctx.local_view, ctx.remote_views[node], local,
+                                                remote_offset, bytes, unsigned(channel), request);
+    __syncwarp();
+    if (lane == 0) {
+      if (status == UCS_INPROGRESS && slot != nullptr) {
+        slot->in_flight = 1;
+        slot->channel = channel;
+      } else if (status != UCS_OK && status != UCS_INPROGRESS) {
+        atomicOr(ctx.fault, unsigned(kNixlFaultPost));
+      }
+    }
+    __syncwarp();
+  }
+
+  __device__ static void signal(const TransportContext& ctx, int channel, int node,
+                                size_t flag_offset, uint64_t value, int lane) {
+    // Every lane's share of the earlier puts before the add (cuda_ipc copies with all lanes).
+    __syncwarp();
+    const ucs_status_t status =
+        ucx_device::counter_add(ctx.remote_views[node], flag_offset, value, unsigned(channel));
+    if (lane == 0) {
+      atomicAdd(&ctx.counters[channel].signals, 1ull);
+      if (status != UCS_OK && status != UCS_INPROGRESS) {
+        atomicOr(ctx.fault, unsigned(kNixlFaultPost));
+      }
+    }
+    __syncwarp();
+  }
+
+  __device__ static void flush(const TransportContext& ctx, int channel, int lane) {
+    NixlPending* slot = nixl_device::warp_slot(ctx);
+    if (slot != nullptr && slot->channel == channel) nixl_device::complete(ctx, slot, lane);
+    __syncwarp();
+  }
+};
+
+}  // namespace hybrid_ep
