@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import native, transport_options
+from . import native, nixl_control, transport_options
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
 from .reference.layout import DispatchLayout, PermuteLayout, ceil_div, ceil_div_tensor
@@ -60,6 +60,7 @@ class CudaEngine:
         self._counts_pending = False
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self._counters_before = None  # counters of runtimes replaced by grow()
+        self._nixl = None  # the nixl build's control plane (nixl_control.py), several domains
         self._connect(config)
 
     # -- lifetime --------------------------------------------------------------------------------
@@ -94,16 +95,34 @@ class CudaEngine:
         first = self.topo.node_rank * self.topo.ranks_per_domain
         self.runtime.open_peers(handles[first:first + self.topo.ranks_per_domain])
         # The transport reaches this rank's peer (same local rank) in every other domain.
-        blobs = gather_objects(self.runtime.transport_bootstrap(), self.group)
         R = self.topo.ranks_per_domain
-        self.runtime.connect_transport(
-            [blobs[n * R + self.topo.local_rank] for n in range(self.topo.num_of_nodes)])
+        peers = [n * R + self.topo.local_rank for n in range(self.topo.num_of_nodes)]
+        if C.build_info()["transport"] == "nixl" and self.topo.num_of_nodes > 1:
+            # NIXL agents make the peers' memory views; the transport takes their addresses.
+            self._nixl = nixl_control.NixlControlPlane(
+                self.group, self.topo.rank, peers,
+                nixl_control.Region.parse(self.runtime.transport_bootstrap()),
+                channels=self.env.num_channels, run_id=self.env.run_id,
+                use_etcd=bool(self.env.etcd_endpoints), timeout_s=self.env.timeout_s)
+            self.runtime.connect_transport(self._nixl.blobs)
+            return
+        blobs = gather_objects(self.runtime.transport_bootstrap(), self.group)
+        self.runtime.connect_transport([blobs[p] for p in peers])
+
+    def _release_runtime(self) -> None:
+        """Drops the runtime after the GPU is done with it; the NIXL views and registration go
+        first, while the buffer they name still exists."""
+        torch.cuda.synchronize(self.device)
+        if self._nixl is not None:
+            plane, self._nixl = self._nixl, None
+            plane.close()
+        self.runtime = None
 
     def grow(self, config: HybridEPConfig) -> None:
         """Collective: every rank replaces its registered buffer with a larger one."""
         torch.cuda.synchronize(self.device)
         self._counters_before = self.transport_counters()
-        self.runtime = None
+        self._release_runtime()
         self._connect(config)
 
     def transport_counters(self) -> list[dict]:
@@ -136,8 +155,7 @@ class CudaEngine:
 
     def close(self) -> None:
         """Frees the registered buffer; peers must be done with it (see HybridEPBuffer.destroy)."""
-        torch.cuda.synchronize(self.device)
-        self.runtime = None
+        self._release_runtime()
 
     # -- checks ----------------------------------------------------------------------------------
     def check_status(self) -> None:
