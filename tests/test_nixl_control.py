@@ -194,3 +194,47 @@ def test_missing_nixl_runtime_names_the_wheel(monkeypatch):
     monkeypatch.setattr(nixl_control, "_NIXL_MODULES", ("hybrid_ep_no_such_module._api",))
     with pytest.raises(NixlUnavailableError, match=r"pip install nixl-cu13==1\.5\.1"):
         nixl_control.load_nixl_api()
+
+
+class FakeRuntime:
+    def __init__(self, fail=False):
+        self.connected, self.fail = None, fail
+
+    def transport_bootstrap(self):
+        return b"4096 1024 0"
+
+    def connect_transport(self, blobs):
+        if self.fail:
+            raise RuntimeError("bad view header")
+        self.connected = blobs
+
+
+def test_transport_connect_runs_the_control_plane_on_the_nixl_build(monkeypatch):
+    from types import SimpleNamespace
+
+    from hybrid_ep import transport_connect
+
+    made = []
+
+    class Plane:
+        def __init__(self, group, rank, peers, region, **kw):
+            self.region, self.kw, self.closed = region, kw, False
+            self.blobs = [struct.pack("<Q", 0x100 + n) for n in range(len(peers))]
+            made.append(self)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(transport_connect.nixl_control, "NixlControlPlane", Plane)
+    env = SimpleNamespace(num_channels=3, run_id=None, etcd_endpoints=("http://e:2379",),
+                          timeout_s=7.0)
+    runtime = FakeRuntime()
+    connection = transport_connect.connect(runtime, "nixl", None, 2, [0, 2], env)
+    assert runtime.connected == made[0].blobs
+    assert made[0].region == Region(4096, 1024, 0)
+    assert made[0].kw == {"channels": 3, "run_id": None, "use_etcd": True, "timeout_s": 7.0}
+    connection.close()
+    assert made[0].closed
+    with pytest.raises(RuntimeError, match="bad view header"):
+        transport_connect.connect(FakeRuntime(fail=True), "nixl", None, 2, [0, 2], env)
+    assert made[1].closed  # a failed connect leaves no registration behind

@@ -2,7 +2,8 @@
 # Set up this checkout on a fresh machine, or bring an existing setup up to date:
 #   bash tools/setup.sh          install hybrid-ep
 #   bash tools/setup.sh --test   install hybrid-ep with its test dependencies, and compile and
-#                                link the doca transport (build/doca, the loader tests use it)
+#                                link the doca and nixl transports (build/doca, build/nixl;
+#                                their tests use them)
 # Uses whatever `python` is first on PATH (override with PYTHON=...). Safe to re-run: the
 # CMake build directory (build/<wheel tag>) persists, so a re-run recompiles only changes.
 # Build options travel as environment variables, e.g. HYBRID_EP_TRANSPORT=p2p CUDAARCHS=90a.
@@ -13,7 +14,7 @@ for arg in "$@"; do
   case "$arg" in
     --test) extras="[test]" ;;
     -h | --help)
-      sed -n '2,8p' "$0"
+      sed -n '2,9p' "$0"
       exit 0
       ;;
     *)
@@ -102,6 +103,11 @@ PY
     echo "== doca transport: skipped (installed nvidia-nvshmem-cu13 ${nvshmem#no-headers } has"
     echo "   no DOCA GPUNetIO headers and stays as it is; set DOCA_HOME to build the doca preset)"
   fi
+  # The nixl transport (preset nixl): UCX's device headers from libucx-cu13 and the NIXL
+  # runtime check against nixl-cu13, both test extras; tests/test_nixl_build.py loads it.
+  echo "== nixl transport: compile and link (cmake --preset nixl)"
+  run cmake --preset nixl -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
+  run cmake --build --preset nixl
 fi
 # pyenv only finds new console scripts (hybrid-ep) after a rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi

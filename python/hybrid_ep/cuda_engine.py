@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import native, nixl_control, transport_options
+from . import native, transport_connect, transport_options
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
 from .reference.layout import DispatchLayout, PermuteLayout, ceil_div, ceil_div_tensor
@@ -60,7 +60,7 @@ class CudaEngine:
         self._counts_pending = False
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self._counters_before = None  # counters of runtimes replaced by grow()
-        self._nixl = None  # the nixl build's control plane (nixl_control.py), several domains
+        self._transport = None  # transport_connect.Connection of the runtime
         self._connect(config)
 
     # -- lifetime --------------------------------------------------------------------------------
@@ -97,21 +97,13 @@ class CudaEngine:
         # The transport reaches this rank's peer (same local rank) in every other domain.
         R = self.topo.ranks_per_domain
         peers = [n * R + self.topo.local_rank for n in range(self.topo.num_of_nodes)]
-        if C.build_info()["transport"] == "nixl" and self.topo.num_of_nodes > 1:
-            # NIXL agents make the peers' memory views; the transport takes their addresses.
-            self._nixl = nixl_control.NixlControlPlane(
-                self.group, self.topo.rank, peers,
-                nixl_control.Region.parse(self.runtime.transport_bootstrap()),
-                channels=self.env.num_channels, run_id=self.env.run_id,
-                use_etcd=bool(self.env.etcd_endpoints), timeout_s=self.env.timeout_s)
-            self.runtime.connect_transport(self._nixl.blobs)
-            return
-        blobs = gather_objects(self.runtime.transport_bootstrap(), self.group)
-        self.runtime.connect_transport([blobs[p] for p in peers])
+        self._transport = transport_connect.connect(
+            self.runtime, C.build_info()["transport"], self.group, self.topo.rank, peers,
+            self.env)
 
     def _release_runtime(self) -> None:
-        """Drops the runtime after the GPU is done with it; the NIXL views and registration go
-        first, while the buffer they name still exists."""
+        """Drops the runtime after the GPU is done with it; what its transport connection holds
+        (the nixl build's views and registration) goes first, while the buffer still exists."""
         torch.cuda.synchronize(self.device)
         if self._nixl is not None:
             plane, self._nixl = self._nixl, None

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from gpu_cases import job
 
-from hybrid_ep import native
+from hybrid_ep import native, transport_connect
+from hybrid_ep.config import EnvSettings
 from hybrid_ep.topology import gather_objects
 
 
@@ -37,15 +38,16 @@ def _connected_runtime(ctx, nodes: int, channels: int, max_tokens: int, chunk: i
     group = dist.group.WORLD
     handles = gather_objects(runtime.export_handle(), group)
     runtime.open_peers(handles[node * R:(node + 1) * R])
-    blobs = gather_objects(runtime.transport_bootstrap(), group)
-    runtime.connect_transport([blobs[n * R + local] for n in range(nodes)])
-    return runtime
+    connection = transport_connect.connect(
+        runtime, C.build_info()["transport"], group, rank, [n * R + local for n in range(nodes)],
+        EnvSettings.read())
+    return runtime, connection
 
 
 @job
 def transport_check(ctx, nodes: int, channels: int, nbytes: int, rounds: int) -> dict:
     rank = ctx.rank
-    runtime = _connected_runtime(ctx, nodes, channels, max_tokens=64)
+    runtime, connection = _connected_runtime(ctx, nodes, channels, max_tokens=64)
     stream = torch.cuda.current_stream().cuda_stream
     wrong = []
     for n in range(rounds):  # every channel, and every flag advanced more than once
@@ -57,6 +59,7 @@ def transport_check(ctx, nodes: int, channels: int, nbytes: int, rounds: int) ->
     dist.barrier()
     torch.cuda.synchronize()
     dist.barrier()  # no peer writes into this buffer any more
+    connection.close()
     del runtime
     gc.collect()
     assert all(w == 0 for w in wrong), f"{ctx.where()} wrong bytes per round: {wrong}"
@@ -94,7 +97,7 @@ def network_send(ctx, nodes: int, chunk: int, pattern: str, channels: int, round
     R = W // nodes
     node, local = rank // R, rank % R
     T, row_bytes, blocks = 200, 1040, 3
-    runtime = _connected_runtime(ctx, nodes, channels, max_tokens=T, chunk=chunk)
+    runtime, connection = _connected_runtime(ctx, nodes, channels, max_tokens=T, chunk=chunk)
     stream = torch.cuda.current_stream().cuda_stream
     want = TransportStats.with_channels(channels)
     offsets = runtime.layout_offsets()
@@ -124,6 +127,7 @@ def network_send(ctx, nodes: int, chunk: int, pattern: str, channels: int, round
     dist.barrier()
     torch.cuda.synchronize()
     dist.barrier()
+    connection.close()
     del runtime
     gc.collect()
     assert got == expected, f"{ctx.where()} counters {got}, the reference counts {expected}"
