@@ -1,0 +1,59 @@
+"""The nixl build on a real GPU, without NIXL agents: a runtime spanning two domains refuses
+memory views whose header is not the UCX layout it was compiled for, and blobs that are not view
+addresses, naming the domain (the start-up check of backends/nixl/view_header.h). Runs in a
+child process so that the pytest process creates no CUDA context. The data path itself is
+covered by the transport and multi-domain GPU tests when the installed build is nixl."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import gpu_env
+import pytest
+from gpu_env import gpu_marks
+
+from hybrid_ep import native
+
+pytestmark = [
+    *gpu_marks,
+    pytest.mark.skipif(gpu_env.DRY_RUN, reason="drives the CUDA runtime directly"),
+    pytest.mark.skipif(isinstance(native.load(), ImportError)
+                       or native.load().build_info()["transport"] != "nixl",
+                       reason="the installed hybrid_ep is not the nixl build"),
+]
+
+_CHILD = r"""
+import json, struct, sys
+import torch
+from hybrid_ep import native
+C = native.module()
+rc = C.RuntimeConfig()
+rc.world, rc.ranks, rc.nodes, rc.node_rank, rc.local_rank = 2, 1, 2, 0, 0
+rc.max_tokens, rc.hidden = 16, 256
+runtime = C.Runtime(rc)
+fake = torch.zeros(64, dtype=torch.uint8, device="cuda")
+fake[0:2] = torch.tensor([int(sys.argv[1]), 0], dtype=torch.uint8)  # version, lanes = 0
+blob = struct.pack("<Q", fake.data_ptr())
+out = {"bootstrap": runtime.transport_bootstrap().decode()}
+for name, blobs in (("short", [b"1234", blob]), ("header", [blob, blob])):
+    try:
+        runtime.connect_transport(blobs)
+        out[name] = "connected"
+    except Exception as error:
+        out[name] = f"{type(error).__name__}: {error}"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version,fragment", [(0, "layout version 0"), (2, "has no lane")])
+def test_bad_views_fail_at_connect_naming_the_domain(version, fragment):
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(version)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    address, size, device = (int(x) for x in out["bootstrap"].split())
+    assert address and size and device >= 0, out
+    assert "8-byte memory view address" in out["short"] and "domain 0" in out["short"], out
+    assert fragment in out["header"] and "domain 0" in out["header"], out
