@@ -110,7 +110,8 @@ void TransportHost::connect(const std::vector<std::string>& blobs) {
       const std::string what = n == node_rank_
                                    ? "the local memory view (our domain " + std::to_string(n) + ")"
                                    : "the memory view of domain " + std::to_string(n);
-      nixl::check_view_header(read_header(address), UCP_DEVICE_MEM_LIST_VERSION_V1, what);
+      nixl::check_view_header(read_header(address), UCP_DEVICE_MEM_LIST_VERSION_V1, what,
+                              n != node_rank_);
       if (n == node_rank_) {
         local_view_ = reinterpret_cast<const ucp_device_local_mem_list*>(address);
       } else {

@@ -19,10 +19,11 @@ struct ViewHeader {
 static_assert(sizeof(ViewHeader) == 8, "UCX's view header is 8 bytes");
 
 // Throws std::runtime_error naming `what` (e.g. "the remote view of domain 1") when the header
-// is not `expected_version`, has no lane, or has no element (element 0 is the registered
-// buffer).
+// is not `expected_version`, has no element (element 0 is the registered buffer), or is a
+// remote view without a lane. A local view may have none: UCX picks the lane from the remote
+// view, and a local view made before any endpoint carries no per-lane data.
 inline void check_view_header(const ViewHeader& h, uint16_t expected_version,
-                              const std::string& what) {
+                              const std::string& what, bool remote) {
   if (h.version != expected_version) {
     throw std::runtime_error(
         "nixl transport: " + what + " has layout version " + std::to_string(h.version) +
@@ -30,7 +31,7 @@ inline void check_view_header(const ViewHeader& h, uint16_t expected_version,
         " (UCX device headers and the NIXL runtime's UCX disagree; rebuild against the UCX "
         "headers matching the installed nixl-cu13, or set UCX_HOME)");
   }
-  if (h.lanes == 0) {
+  if (remote && h.lanes == 0) {
     throw std::runtime_error("nixl transport: " + what +
                              " has no lane (no UCX transport reaches that peer's memory)");
   }

@@ -105,9 +105,9 @@ class CudaEngine:
         """Drops the runtime after the GPU is done with it; what its transport connection holds
         (the nixl build's views and registration) goes first, while the buffer still exists."""
         torch.cuda.synchronize(self.device)
-        if self._nixl is not None:
-            plane, self._nixl = self._nixl, None
-            plane.close()
+        if self._transport is not None:
+            connection, self._transport = self._transport, None
+            connection.close()
         self.runtime = None
 
     def grow(self, config: HybridEPConfig) -> None:

@@ -154,7 +154,10 @@ class NixlControlPlane:
     def _exchange_group(self, group) -> None:
         metadata = gather_objects(self.agent.get_agent_metadata(), group)
         for n in self._other_domains():
-            name = self.agent.add_remote_agent(metadata[self.peers[n]])
+            peer = f"the peer of domain {n} (rank {self.peers[n]})"
+            name = retry("metadata load", peer,
+                         lambda n=n: self.agent.add_remote_agent(metadata[self.peers[n]]),
+                         self.timeout_s)
             self.remote_names[n] = name.decode() if isinstance(name, bytes) else name
 
     def _exchange_etcd(self, regions) -> None:
