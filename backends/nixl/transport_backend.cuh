@@ -92,6 +92,9 @@ struct TransportDevice {
                                 size_t flag_offset, uint64_t value, int lane) {
     // Every lane's share of the earlier puts before the add (cuda_ipc copies with all lanes).
     __syncwarp();
+    // After a failed put the peer must not read its rows as arrived: no signal, so its wait
+    // times out and reports, and this rank's fault word says why.
+    if (*static_cast<volatile unsigned int*>(ctx.fault) != 0) return;
     const ucs_status_t status =
         ucx_device::counter_add(ctx.remote_views[node], flag_offset, value, unsigned(channel));
     if (lane == 0) {

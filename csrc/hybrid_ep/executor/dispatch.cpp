@@ -50,22 +50,24 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   }
   p.net_hidden = call.hidden;
   p.net_scales_src = call.scales;
-  const int tokens = std::min(call.num_tokens, T);
-  if (c.nodes > 1 && TransportHost::kRegisteredSources && tokens > 0) {
-    // The backend's puts read only registered memory: stage this rank's rows there.
-    uint8_t* base = runtime.registered();
-    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.staged_rows, call.hidden,
-                                         size_t(tokens) * call.row_bytes, cudaMemcpyDeviceToDevice,
-                                         stream));
-    p.net_hidden = base + l.staged_rows;
+  const size_t tokens = size_t(std::max(0, std::min(call.num_tokens, T)));
+  if (c.nodes > 1 && tokens > 0) {
+    p.net_hidden = static_cast<const uint8_t*>(
+        network_source(runtime, call.hidden, tokens * call.row_bytes, l.staged_rows, stream));
     if (call.scales != nullptr) {
-      HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.staged_scales, call.scales,
-                                           size_t(tokens) * call.scale_cols * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, stream));
-      p.net_scales_src = reinterpret_cast<const float*>(base + l.staged_scales);
+      p.net_scales_src = static_cast<const float*>(network_source(
+          runtime, call.scales, tokens * call.scale_cols * sizeof(float), l.staged_scales, stream));
     }
   }
   launch_dispatch(p, c.sms_dispatch, stream);
+}
+
+const void* network_source(Runtime& runtime, const void* source, size_t bytes,
+                           size_t registered_offset, cudaStream_t stream) {
+  if (!TransportHost::kRegisteredSources || bytes == 0) return source;
+  uint8_t* staged = runtime.registered() + registered_offset;
+  HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(staged, source, bytes, cudaMemcpyDeviceToDevice, stream));
+  return staged;
 }
 
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream) {

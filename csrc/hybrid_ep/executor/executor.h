@@ -116,6 +116,12 @@ struct CombineCall {
 // partials and the network step exchanges and adds them.
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
+// Where a network put may read `bytes` of `source` from: `source` itself, or, when the backend's
+// puts read only registered memory (TransportHost::kRegisteredSources), a copy of it enqueued
+// at `registered_offset` of this rank's registered buffer.
+const void* network_source(Runtime& runtime, const void* source, size_t bytes,
+                           size_t registered_offset, cudaStream_t stream);
+
 // Transport self-test (kernels/transport_check.cu): returns the bytes that arrived wrong or
 // not at all from the peers of the other domains. Synchronises the stream.
 unsigned long long run_transport_check(Runtime& runtime, size_t bytes, int channel,

@@ -65,7 +65,9 @@ void run_network_send_check(Runtime& runtime, const bool* goes, const uint8_t* r
   p.domain = runtime.domain();
   p.transport = runtime.transport();
   p.goes = goes;
-  p.rows = rows;
+  // Puts read what dispatch's network leg reads: the rows staged where the backend needs them.
+  p.rows = static_cast<const uint8_t*>(
+      network_source(runtime, rows, size_t(num_tokens) * row_bytes, l.staged_rows, stream));
   p.num_tokens = num_tokens;
   p.chunk = c.dispatch_chunk;
   p.max_chunks = int(s.max_chunks());
