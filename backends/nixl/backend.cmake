@@ -11,7 +11,8 @@ find_package(Nixl REQUIRED)
 message(STATUS "hybrid-ep: UCX device headers ${UcxDevice_INCLUDE_DIR}; NIXL ${Nixl_RUNTIME}")
 
 set(HYBRID_EP_BACKEND_NAME "nixl")
-set(HYBRID_EP_BACKEND_SOURCES "${CMAKE_CURRENT_LIST_DIR}/transport_backend.cpp")
+set(HYBRID_EP_BACKEND_SOURCES "${CMAKE_CURRENT_LIST_DIR}/transport_backend.cpp"
+                               "${CMAKE_CURRENT_LIST_DIR}/mapped_views.cu")
 set(HYBRID_EP_BACKEND_INCLUDE_DIRS "${CMAKE_CURRENT_LIST_DIR}" "${UcxDevice_INCLUDE_DIR}")
 set(HYBRID_EP_BACKEND_LINK_LIBRARIES "")
 # Parameter checks inside ucp_device_* print from device code; our own checks run at connect.

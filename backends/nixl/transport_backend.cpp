@@ -9,6 +9,7 @@
 
 #include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/transport/transport.h"
+#include "mapped_views.h"
 #include "view_header.h"
 
 namespace hybrid_ep {
@@ -59,13 +60,17 @@ TransportHost::TransportHost(const TransportSetup& setup)
       nodes_(setup.nodes),
       node_rank_(setup.node_rank),
       channels_(setup.channels) {
-  if (nodes_ < 1 || node_rank_ < 0 || node_rank_ >= nodes_ || channels_ < 1) {
-    throw std::invalid_argument(
-        "transport: need nodes >= 1, 0 <= node_rank < nodes and channels >= 1 (got " +
-        std::to_string(nodes_) + ", " + std::to_string(node_rank_) + ", " +
-        std::to_string(channels_) + ")");
+  setup.check();
+  const auto direct = setup.options.find("nixl_direct");
+  if (direct != setup.options.end()) {
+    if (direct->second != "0" && direct->second != "1") {
+      throw std::invalid_argument("nixl transport: option nixl_direct='" + direct->second +
+                                  "', expected 0 or 1");
+    }
+    direct_ = direct->second == "1";
   }
   counters_ = device_zeros<ChannelCounters>(size_t(channels_));
+  mapped_ = device_zeros<uint8_t*>(size_t(nodes_));
   fault_ = device_zeros<unsigned int>(1);
   if (nodes_ > 1) {
     pending_slots_ = kPendingSlots;
@@ -75,6 +80,7 @@ TransportHost::TransportHost(const TransportSetup& setup)
 
 TransportHost::~TransportHost() {
   cudaFree(remote_views_);
+  cudaFree(mapped_);
   cudaFree(pending_);
   cudaFree(fault_);
   cudaFree(counters_);
@@ -122,6 +128,12 @@ void TransportHost::connect(const std::vector<std::string>& blobs) {
     HYBRID_EP_CUDA_CHECK(cudaMemcpy(remote_views_, remotes.data(),
                                     sizeof(remotes[0]) * remotes.size(), cudaMemcpyHostToDevice));
   }
+  HYBRID_EP_CUDA_CHECK(cudaMemset(mapped_, 0, sizeof(uint8_t*) * size_t(nodes_)));
+  if (nodes_ > 1 && direct_) {
+    nixl::resolve_mapped_views(remote_views_, nodes_, mapped_, nullptr);
+    HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+    HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   connected_ = true;
 }
 
@@ -129,6 +141,7 @@ TransportContext TransportHost::context() const {
   if (!connected_) throw std::logic_error("transport: connect() first");
   return TransportContext{local_view_,
                           remote_views_,
+                          mapped_,
                           registered_->local(),
                           registered_->bytes(),
                           pending_,

@@ -5,11 +5,15 @@
 // peer's 64-bit flag, ordered after the channel's puts. A put UCX leaves in progress is kept in
 // the warp's pending slot; flush progresses it until it completes. Counters count as the p2p
 // backend does: one put and its bytes per put call, one signal per signal call.
+// Where UCX maps a peer's buffer into this process (a cuda_ipc lane: ctx.mapped), a put is our
+// warp's stores and a signal a release add, as with p2p: UCX's warp copy over cuda_ipc moved
+// about half as much (benchmarks/results/2026-11-29-nixl.md).
 #pragma once
 
 #include <cstdint>
 
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/transport/warp_copy.cuh"
 #include "transport_backend.h"
 #include "ucx_device.cuh"
 
@@ -62,6 +66,10 @@ struct TransportDevice {
       atomicAdd(&ctx.counters[channel].puts, 1ull);
       atomicAdd(&ctx.counters[channel].bytes, static_cast<unsigned long long>(bytes));
     }
+    if (uint8_t* mapped = ctx.mapped[node]) {
+      warp_copy(mapped + remote_offset, src, bytes, lane);
+      return;
+    }
     const uint64_t local = uint64_t(static_cast<const uint8_t*>(src) - ctx.local_base);
     if (local >= ctx.local_bytes || bytes > ctx.local_bytes - local) {
       if (lane == 0) atomicOr(ctx.fault, unsigned(kNixlFaultSourceOutside));
@@ -90,6 +98,12 @@ struct TransportDevice {
 
   __device__ static void signal(const TransportContext& ctx, int channel, int node,
                                 size_t flag_offset, uint64_t value, int lane) {
+    if (uint8_t* mapped = ctx.mapped[node]) {
+      mapped_signal(reinterpret_cast<uint64_t*>(mapped + flag_offset), value, lane);
+      if (lane == 0) atomicAdd(&ctx.counters[channel].signals, 1ull);
+      __syncwarp();
+      return;
+    }
     // Every lane's share of the earlier puts before the add (cuda_ipc copies with all lanes).
     __syncwarp();
     // After a failed put the peer must not read its rows as arrived: no signal, so its wait

@@ -42,6 +42,10 @@ struct NixlPending {
 struct TransportContext {
   const ucp_device_local_mem_list* local_view;            // our registered buffer, element 0
   const ucp_device_remote_mem_list* const* remote_views;  // device array [nodes]; ours null
+  // device array [nodes]: the peer's registered buffer where UCX maps it into this process
+  // (ucp_device_get_ptr: a cuda_ipc lane), else null; puts to a mapped peer are our warp's
+  // stores. All null with HYBRID_EP_NIXL_DIRECT=0.
+  uint8_t* const* mapped;
   const uint8_t* local_base;  // the registered buffer: every put's source must lie in it
   uint64_t local_bytes;
   NixlPending* pending;  // device array [pending_slots]: one per warp of a launch
@@ -86,6 +90,8 @@ class TransportHost {
   int pending_slots_ = 0;
   const ucp_device_local_mem_list* local_view_ = nullptr;
   const ucp_device_remote_mem_list** remote_views_ = nullptr;  // device
+  uint8_t** mapped_ = nullptr;                                 // device
+  bool direct_ = true;  // options["nixl_direct"]: use the peers UCX maps into this process
   bool connected_ = false;
 };
 

@@ -36,6 +36,15 @@ __device__ __forceinline__ ucs_status_t counter_add(const ucp_device_remote_mem_
                                         offset, channel, UCP_DEVICE_FLAG_NODELAY, nullptr);
 }
 
+// The peer's element 0 as an address this process can store to (UCX maps it for a cuda_ipc
+// lane), or null when its lane cannot be reached by loads and stores.
+__device__ __forceinline__ void* mapped_base(const ucp_device_remote_mem_list* remote) {
+  void* address = nullptr;
+  const ucs_status_t status =
+      ucp_device_get_ptr(const_cast<ucp_device_remote_mem_list*>(remote), 0, &address);
+  return status == UCS_OK ? address : nullptr;
+}
+
 // One progress step of `request`: UCS_OK when done, UCS_INPROGRESS, or an error.
 __device__ __forceinline__ ucs_status_t progress(ucp_device_request_t* request) {
   return ucp_device_progress_req<kLevel>(request);

@@ -38,6 +38,9 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_NUM_CHANNELS", "1", "independent network queues per peer (1-64)"),
     EnvVar("DEEPEP_NIXL_GDA_NUM_CHANNELS", "unset", "alias of HYBRID_EP_NUM_CHANNELS (nixl build)"),
     EnvVar("DEEPEP_NIXL_RUN_ID", "SLURM ids", "run id naming the NIXL agents"),
+    EnvVar("HYBRID_EP_NIXL_DIRECT", "1",
+           "nixl build: 1 stores directly into the peers UCX maps into the process (cuda_ipc); "
+           "0 sends every put through ucp_device_put"),
     EnvVar("NIXL_ETCD_ENDPOINTS", "unset",
            "comma-separated http(s)://host:port list; set: NIXL metadata goes through etcd"),
     EnvVar("HYBRID_EP_NIC_MAPPING", "auto",
@@ -243,6 +246,7 @@ class EnvSettings:
     ib_gid_index: int | None = None  # None: automatic
     ib_traffic_class: int = 0
     doca_qp_depth: int | None = None  # None: the buffer's worst case
+    nixl_direct: bool = True
 
 
     @staticmethod
@@ -268,6 +272,7 @@ class EnvSettings:
             ib_gid_index=gid_index_from_env(),
             ib_traffic_class=env_int("HYBRID_EP_IB_TRAFFIC_CLASS", 0, 0, 255),
             doca_qp_depth=qp_depth_from_env(),
+            nixl_direct=env_bool("HYBRID_EP_NIXL_DIRECT", True),
         )
 
 

@@ -1,6 +1,7 @@
 """The network transport's settings, resolved once here and handed to the C++ backend as
 ``RuntimeConfig.transport_options`` (strings): the one place that parses, checks and computes
-them. Only the doca build uses any, and only when the group spans several NVLink domains.
+them. Only the doca and nixl builds use any, and only when the group spans several NVLink
+domains.
 
 Queue depth (doca): a warp's puts to a peer stay unrung on the queue pair until that chunk's
 signal rings one doorbell, so every warp sharing a queue pair may hold a whole chunk's work
@@ -101,7 +102,11 @@ def doca_options(
 
 def runtime_options(transport: str, nodes: int, env, config, device) -> dict[str, str]:
     """Options for this build's transport: none for p2p or a single domain."""
-    if transport != "doca" or nodes == 1:
+    if nodes == 1:
+        return {}
+    if transport == "nixl":
+        return {"nixl_direct": "1" if env.nixl_direct else "0"}
+    if transport != "doca":
         return {}
     props = torch.cuda.get_device_properties(device)
     bus_id = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"

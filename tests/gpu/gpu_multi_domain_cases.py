@@ -4,6 +4,7 @@ model of the same calls, and the exact put counts of dense and run-structured ro
 
 from __future__ import annotations
 
+import gpu_cases
 import torch
 from gpu_cases import Ctx, job
 
@@ -47,3 +48,12 @@ def counters(ctx: Ctx, R: int, pattern: str, dtype: str, with_probs: bool, chann
         got, want = result[f"cuda_{leg}"], result[f"reference_{leg}"]
         assert got == want, f"{ctx.where()} {leg} counters {got}, the reference counts {want}"
     return result
+
+
+@job
+def under_env(ctx: Ctx, environment: dict, case: str, **kwargs):
+    """Another job (of this module or gpu_cases) with environment variables set for its whole
+    run, so that the buffers it makes read them: e.g. the nixl build's HYBRID_EP_NIXL_DIRECT=0."""
+    function = globals().get(case) or getattr(gpu_cases, case)
+    with env(**environment):
+        return function.__wrapped__(ctx, **kwargs)

@@ -1,8 +1,9 @@
-"""The nixl build on a real GPU, without NIXL agents: a runtime spanning two domains refuses
-memory views whose header is not the UCX layout it was compiled for, and blobs that are not view
-addresses, naming the domain (the start-up check of backends/nixl/view_header.h). Runs in a
-child process so that the pytest process creates no CUDA context. The data path itself is
-covered by the transport and multi-domain GPU tests when the installed build is nixl."""
+"""The nixl build on a real GPU: a runtime spanning two domains refuses memory views whose header is
+not the UCX layout it was compiled for, and blobs that are not view addresses, naming the domain
+(the start-up check of backends/nixl/view_header.h), in a child process so that the pytest process
+creates no CUDA context; and the multi-domain matrix with every put and signal through UCX's device
+API. The transport and multi-domain GPU tests cover the default data path when the installed build
+is nixl."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import sys
 
 import gpu_env
 import pytest
-from gpu_env import gpu_marks
+from gpu_env import gpu_marks, placement_param
+from gpu_specs import make_spec, report, spec_id
+from test_gpu_multi_domain import MATRIX
 
 from hybrid_ep import native
 
@@ -59,3 +62,30 @@ def test_bad_views_fail_at_connect_naming_the_domain(version, fragment, domain):
     assert address and size and device >= 0, out
     assert "8-byte memory view address" in out["short"] and "domain 0" in out["short"], out
     assert fragment in out["header"] and f"domain {domain}" in out["header"], out
+
+
+# The same matrix and counters as test_gpu_multi_domain.py with every put and signal through
+# UCX's device API (ucp_device_put, ucp_device_counter_inc): on one host UCX maps the peers
+# (cuda_ipc), so by default our own stores carry the data and UCX's path would go untested.
+UCX_ONLY = {"HYBRID_EP_NIXL_DIRECT": "0"}
+
+
+@pytest.mark.parametrize(
+    "W,placement,R,case",
+    [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}")
+     for N, R, case in MATRIX if N * R <= 8])
+def test_dispatch_combine_through_ucx_puts(gpu_pools, record_property, W, placement, R, case):
+    spec = make_spec(W, **case)
+    spec["R"] = R
+    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
+                            environment=UCX_ONLY, case="dispatch_combine", spec=spec)
+    report(record_property, results, label=f"{W // R}x{R} ucx puts tokens={spec['tokens']}")
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+def test_counters_through_ucx_puts(gpu_pools, channels):
+    W, R = 8, 2
+    results = gpu_pools.run(W, "shared", "under_env", module="gpu_multi_domain_cases",
+                            environment=UCX_ONLY, case="counters", R=R, pattern="runs",
+                            dtype="fp8", with_probs=True, channels=channels, tokens=200)
+    assert all(r["cuda_dispatch"]["puts"] > 0 for r in results), results
