@@ -227,12 +227,13 @@ def test_transport_connect_runs_the_control_plane_on_the_nixl_build(monkeypatch)
 
     monkeypatch.setattr(transport_connect.nixl_control, "NixlControlPlane", Plane)
     env = SimpleNamespace(num_channels=3, run_id=None, etcd_endpoints=("http://e:2379",),
-                          timeout_s=7.0)
+                          timeout_s=7.0, nixl_progress_thread=False)
     runtime = FakeRuntime()
     connection = transport_connect.connect(runtime, "nixl", None, 2, [0, 2], env)
     assert runtime.connected == made[0].blobs
     assert made[0].region == Region(4096, 1024, 0)
-    assert made[0].kw == {"channels": 3, "run_id": None, "use_etcd": True, "timeout_s": 7.0}
+    assert made[0].kw == {"channels": 3, "run_id": None, "use_etcd": True, "timeout_s": 7.0,
+                          "progress_thread": False}
     connection.close()
     assert made[0].closed
     with pytest.raises(RuntimeError, match="bad view header"):

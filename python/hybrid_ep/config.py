@@ -41,6 +41,9 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_NIXL_DIRECT", "1",
            "nixl build: 1 stores directly into the peers UCX maps into the process (cuda_ipc); "
            "0 sends every put through ucp_device_put"),
+    EnvVar("HYBRID_EP_NIXL_PROGRESS_THREAD", "1",
+           "nixl build: 1 gives each NIXL agent its UCX progress thread; 0 none (the GPU data "
+           "path needs none; host-posted transfers to the agent then stall)"),
     EnvVar("NIXL_ETCD_ENDPOINTS", "unset",
            "comma-separated http(s)://host:port list; set: NIXL metadata goes through etcd"),
     EnvVar("HYBRID_EP_NIC_MAPPING", "auto",
@@ -247,6 +250,7 @@ class EnvSettings:
     ib_traffic_class: int = 0
     doca_qp_depth: int | None = None  # None: the buffer's worst case
     nixl_direct: bool = True
+    nixl_progress_thread: bool = True
 
 
     @staticmethod
@@ -273,6 +277,7 @@ class EnvSettings:
             ib_traffic_class=env_int("HYBRID_EP_IB_TRAFFIC_CLASS", 0, 0, 255),
             doca_qp_depth=qp_depth_from_env(),
             nixl_direct=env_bool("HYBRID_EP_NIXL_DIRECT", True),
+            nixl_progress_thread=env_bool("HYBRID_EP_NIXL_PROGRESS_THREAD", True),
         )
 
 

@@ -62,10 +62,13 @@ def load_nixl_api():
         "it with `python -m pip install nixl-cu13==1.5.1` (it brings its UCX)")
 
 
-def make_agent(name: str, channels: int, api=None):
-    """A NIXL agent named ``name`` with the UCX backend and ``channels`` device channels."""
+def make_agent(name: str, channels: int, api=None, progress_thread: bool = True):
+    """A NIXL agent named ``name`` with the UCX backend and ``channels`` device channels.
+    Without the progress thread, host-posted transfers to this agent complete only while it
+    polls; the GPU data path posts and completes its own operations either way."""
     api = api or load_nixl_api()
-    agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
+    agent = api.nixl_agent(name, api.nixl_agent_config(enable_prog_thread=progress_thread,
+                                                       backends=[]))
     if "UCX" not in agent.get_plugin_list():
         raise NixlUnavailableError(
             "nixl transport: NIXL found no UCX plugin (libplugin_UCX.so); its plugins are "
@@ -111,7 +114,8 @@ class NixlControlPlane:
 
     def __init__(self, group, rank: int, peers: list[int], region: Region, *, channels: int,
                  run_id: str | None, use_etcd: bool, timeout_s: float, mem_type: str = "VRAM",
-                 views: bool = True, agent_factory: Callable = make_agent):
+                 views: bool = True, progress_thread: bool = True,
+                 agent_factory: Callable = make_agent):
         self.rank = rank
         self.peers = peers
         self.node_rank = peers.index(rank)
@@ -127,7 +131,8 @@ class NixlControlPlane:
         # Names must agree across ranks: without a run id, rank 0 of the group draws one.
         run_id = run_id or gather_objects(uuid.uuid4().hex[:12], group)[0]
         self.name = agent_name(run_id, rank)
-        self.agent = agent_factory(self.name, channels)
+        self.agent = (agent_factory(self.name, channels) if agent_factory is not make_agent
+                      else make_agent(self.name, channels, progress_thread=progress_thread))
         try:
             self._reg = self.agent.register_memory(
                 [(region.address, region.size, region.device, "")], mem_type)

@@ -33,7 +33,7 @@ def connect(runtime, transport: str, group, rank: int, peers: list[int], env) ->
         plane = nixl_control.NixlControlPlane(
             group, rank, peers, nixl_control.Region.parse(runtime.transport_bootstrap()),
             channels=env.num_channels, run_id=env.run_id, use_etcd=bool(env.etcd_endpoints),
-            timeout_s=env.timeout_s)
+            timeout_s=env.timeout_s, progress_thread=env.nixl_progress_thread)
         try:
             runtime.connect_transport(plane.blobs)
         except BaseException:
