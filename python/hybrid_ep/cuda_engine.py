@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import native, transport_options
+from . import native, transport_bootstrap, transport_options
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
 from .reference.layout import DispatchLayout, PermuteLayout, ceil_div, ceil_div_tensor
@@ -87,6 +87,8 @@ class CudaEngine:
         rc.fabric = self.use_mnnvl
         rc.transport_options = transport_options.runtime_options(
             C.build_info()["transport"], self.topo.num_of_nodes, self.env, config, self.device)
+        rc.transport_options = {**rc.transport_options, **transport_bootstrap.group_options(
+            C, self.group, self.topo.rank, rc, self.env)}
         self.config = config
         self.experts = config.num_local_experts
         self.runtime = C.Runtime(rc)
@@ -103,7 +105,7 @@ class CudaEngine:
         """Collective: every rank replaces its registered buffer with a larger one."""
         torch.cuda.synchronize(self.device)
         self._counters_before = self.transport_counters()
-        self.runtime = None
+        self._release()
         self._connect(config)
 
     def transport_counters(self) -> list[dict]:
@@ -137,7 +139,15 @@ class CudaEngine:
     def close(self) -> None:
         """Frees the registered buffer; peers must be done with it (see HybridEPBuffer.destroy)."""
         torch.cuda.synchronize(self.device)
-        self.runtime = None
+        self._release()
+
+    def _release(self) -> None:
+        """Collective (grow, close): frees the runtime's buffer now, on every rank together,
+        which a collectively freed buffer (the nvshmem build's) needs; dropping the runtime
+        alone would leak such a buffer."""
+        runtime, self.runtime = self.runtime, None
+        if runtime is not None:
+            runtime.release()
 
     # -- checks ----------------------------------------------------------------------------------
     def check_status(self) -> None:

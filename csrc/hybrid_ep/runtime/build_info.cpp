@@ -14,8 +14,9 @@ namespace {
 
 // Kept whole in the binary's read-only data, so that when the module cannot be loaded (its
 // transport library is missing) hybrid_ep/native.py can still read from the file what it was
-// built against. The prefix is what it searches for.
-constexpr char kTransportLibrary[] =
+// built against. The prefix is what it searches for; `used` keeps the whole array even though
+// only its tail is read here.
+[[gnu::used]] const char kTransportLibrary[] =
     "hybrid-ep transport library: " HYBRID_EP_BUILD_TRANSPORT_LIBRARY;
 constexpr size_t kTransportLibraryPrefix = sizeof("hybrid-ep transport library: ") - 1;
 
