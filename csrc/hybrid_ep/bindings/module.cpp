@@ -53,12 +53,7 @@ PYBIND11_MODULE(_C, m) {
       "Bytes the group's rank 0 makes and every rank passes to its runtime (transport option "
       "unique_id, hex) before building it; empty when this build's transport needs none.");
   // The transport's error table and library version rule, where it has them.
-  if constexpr (hybrid_ep::hooks::HasDescribeFailure<hybrid_ep::TransportHost>::value) {
-    m.def("transport_describe_failure", &hybrid_ep::TransportHost::describe_failure);
-  }
-  if constexpr (hybrid_ep::hooks::HasVersionMismatch<hybrid_ep::TransportHost>::value) {
-    m.def("transport_version_mismatch", &hybrid_ep::TransportHost::version_mismatch);
-  }
+  hybrid_ep::hooks::bind_diagnostics(m);
 
   hybrid_ep::register_runtime(m);
   hybrid_ep::register_bench(m);

@@ -41,13 +41,28 @@ struct HasVersionMismatch<
     T, std::void_t<decltype(T::version_mismatch(int(), int(), int(), int(), int(), int()))>>
     : std::true_type {};
 
+// The optional diagnostics as _C functions, where the backend has them. Templates, so that
+// the branch a backend lacks is never instantiated (if constexpr discards only there).
+template <typename Module, typename Host = TransportHost>
+void bind_diagnostics(Module& m) {
+  if constexpr (HasDescribeFailure<Host>::value) {
+    m.def("transport_describe_failure", &Host::describe_failure,
+          "The transport's message for a failed library call (call, status, init stage).");
+  }
+  if constexpr (HasVersionMismatch<Host>::value) {
+    m.def("transport_version_mismatch", &Host::version_mismatch,
+          "Why a build against one library version cannot run on another; empty if it can.");
+  }
+}
+
 }  // namespace hooks
 
 // The registered buffer of `bytes` for this build's transport; `setup.registered` is ignored.
-inline std::unique_ptr<SymmetricBuffer> make_registered_buffer(const TransportSetup& setup,
-                                                               size_t bytes, HandleKind kind) {
-  if constexpr (hooks::HasMakeRegistered<TransportHost>::value) {
-    return TransportHost::make_registered(setup, bytes, kind);
+template <typename Host = TransportHost>
+std::unique_ptr<SymmetricBuffer> make_registered_buffer(const TransportSetup& setup, size_t bytes,
+                                                        HandleKind kind) {
+  if constexpr (hooks::HasMakeRegistered<Host>::value) {
+    return Host::make_registered(setup, bytes, kind);
   } else {
     (void)setup;
     return std::make_unique<SymmetricBuffer>(bytes, kind);
@@ -55,9 +70,10 @@ inline std::unique_ptr<SymmetricBuffer> make_registered_buffer(const TransportSe
 }
 
 // The group-wide id this build's transport needs before its runtimes are built; empty if none.
-inline std::string transport_unique_id() {
-  if constexpr (hooks::HasUniqueId<TransportHost>::value) {
-    return TransportHost::unique_id();
+template <typename Host = TransportHost>
+std::string transport_unique_id() {
+  if constexpr (hooks::HasUniqueId<Host>::value) {
+    return Host::unique_id();
   } else {
     return std::string();
   }
