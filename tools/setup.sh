@@ -2,7 +2,8 @@
 # Set up this checkout on a fresh machine, or bring an existing setup up to date:
 #   bash tools/setup.sh          install hybrid-ep
 #   bash tools/setup.sh --test   install hybrid-ep with its test dependencies, and compile and
-#                                link the doca transport (build/doca, the loader tests use it)
+#                                link the doca and nvshmem transports (build/doca,
+#                                build/nvshmem; the loader and build tests use them)
 # Uses whatever `python` is first on PATH (override with PYTHON=...). Safe to re-run: the
 # CMake build directory (build/<wheel tag>) persists, so a re-run recompiles only changes.
 # Build options travel as environment variables, e.g. HYBRID_EP_TRANSPORT=p2p CUDAARCHS=90a.
@@ -13,7 +14,7 @@ for arg in "$@"; do
   case "$arg" in
     --test) extras="[test]" ;;
     -h | --help)
-      sed -n '2,8p' "$0"
+      sed -n '2,9p' "$0"
       exit 0
       ;;
     *)
@@ -101,6 +102,33 @@ PY
   else
     echo "== doca transport: skipped (installed nvidia-nvshmem-cu13 ${nvshmem#no-headers } has"
     echo "   no DOCA GPUNetIO headers and stays as it is; set DOCA_HOME to build the doca preset)"
+  fi
+
+  # 5. The nvshmem transport's build (preset nvshmem): NVSHMEM's headers, libnvshmem_device.a
+  # and libnvshmem_host.so.3 from NVSHMEM_HOME or the installed nvidia-nvshmem-cu13 (whatever
+  # version is there, installed by step 4 or pinned by torch: never changed here);
+  # tests/test_nvshmem_build.py runs it without a GPU. Skipped when neither is usable.
+  nvshmem_lib=$("$py" - <<'PY'
+import os
+try:
+    import nvidia.nvshmem as wheel
+except ImportError:
+    print("absent")
+    raise SystemExit
+root = list(wheel.__path__)[0]
+need = ("include/nvshmem.h", "include/non_abi/nvshmem_version.h", "lib/libnvshmem_device.a",
+        "lib/libnvshmem_host.so.3")
+missing = [p for p in need if not os.path.isfile(os.path.join(root, p))]
+print("usable" if not missing else "incomplete " + ",".join(missing))
+PY
+)
+  if [ -n "${NVSHMEM_HOME:-}" ] || [ "$nvshmem_lib" = "usable" ]; then
+    echo "== nvshmem transport: compile and link (cmake --preset nvshmem)"
+    run cmake --preset nvshmem -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
+    run cmake --build --preset nvshmem
+  else
+    echo "== nvshmem transport: skipped (nvidia-nvshmem-cu13: $nvshmem_lib; set NVSHMEM_HOME"
+    echo "   or install nvidia-nvshmem-cu13 to build the nvshmem preset)"
   fi
 fi
 # pyenv only finds new console scripts (hybrid-ep) after a rehash.
