@@ -173,3 +173,23 @@ def test_missing_host_library_gives_the_install_hint(tmp_path):
     for fragment in ("libnvshmem_host.so.3 is missing", "the nvshmem build",
                      "nvidia-nvshmem-cu13>=3.", ",<4", "LD_LIBRARY_PATH"):
         assert fragment in message, (fragment, message)
+
+
+def test_linkage_host_library_on_the_module_only():
+    """libnvshmem_host.so.3 is a NEEDED of _C found through its RUNPATH, and stays off nvcc's
+    device-link line (a shared library there breaks the device link); no libcuda."""
+    ninja = (BUILD / "build.ninja").read_text()
+    block = ninja[ninja.index("build CMakeFiles/_C.dir/cmake_device_link.o"):]
+    block = block[:block.index("\n\n")]
+    libraries = next(line for line in block.splitlines()
+                     if line.strip().startswith("LINK_LIBRARIES"))
+    assert "libnvshmem_device.a" in libraries and "libnvshmem_host" not in libraries, libraries
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf is missing")
+    dynamic = subprocess.run([readelf, "-d", module_path()], capture_output=True, text=True,
+                             check=True).stdout
+    assert "[libnvshmem_host.so.3]" in dynamic and "libcuda" not in dynamic, dynamic
+    info = run("preflight")["build_info"]["transport_library"]
+    folder = re.fullmatch(r"NVSHMEM [\d.]+ \((.+)\)", info)[1]
+    assert re.search(rf"R(UN)?PATH.*\[{re.escape(folder)}[:\]]", dynamic), dynamic
