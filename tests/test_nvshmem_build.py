@@ -193,3 +193,20 @@ def test_linkage_host_library_on_the_module_only():
     info = run("preflight")["build_info"]["transport_library"]
     folder = re.fullmatch(r"NVSHMEM [\d.]+ \((.+)\)", info)[1]
     assert re.search(rf"R(UN)?PATH.*\[{re.escape(folder)}[:\]]", dynamic), dynamic
+
+
+def test_configure_without_nvshmem_names_what_is_missing_and_how_to_install(tmp_path):
+    if shutil.which("cmake") is None or shutil.which("nvcc") is None:
+        pytest.skip("needs cmake and nvcc")
+    python = tmp_path / "python"  # a Python without the wheel: every import fails
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "NVSHMEM_HOME"}
+    done = subprocess.run(["cmake", "-S", str(ROOT), "-B", str(tmp_path / "build"), "-G", "Ninja",
+                           "-DHYBRID_EP_TRANSPORT=nvshmem", f"-DPython_EXECUTABLE={python}"],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode != 0, done.stdout
+    text = " ".join((done.stdout + done.stderr).split())
+    for fragment in ("Could NOT find NVSHMEM", "libnvshmem_host.so.3",
+                     "pip install nvidia-nvshmem-cu13", "NVSHMEM_HOME"):
+        assert fragment in text, (fragment, text[-3000:])
