@@ -9,9 +9,16 @@
 #   HYBRID_EP_BACKEND_LINK_LIBRARIES       libraries the core links privately
 #   HYBRID_EP_BACKEND_COMPILE_DEFINITIONS  definitions for the core's sources
 #   HYBRID_EP_BACKEND_CUDA_RDC             ON if device code must be relocatable (-rdc=true)
+# and may set (empty when unset):
+#   HYBRID_EP_BACKEND_MODULE_LINK_LIBRARIES  shared libraries only the module _C links (never
+#                                            the core: they stay off the device-link line)
+#   HYBRID_EP_BACKEND_BUILD_RPATH          _C's run path in the build tree
+#   HYBRID_EP_BACKEND_INSTALL_RPATH        _C's run path once installed (e.g. $ORIGIN/...)
+#   HYBRID_EP_BACKEND_LIBRARY              the library the backend was built against, as
+#                                          build_info()["transport_library"] reports it
 
 # Transports the design names but whose backend is not written yet.
-set(HYBRID_EP_PLANNED_TRANSPORTS nvshmem)
+set(HYBRID_EP_PLANNED_TRANSPORTS "")
 
 set(HYBRID_EP_TRANSPORT "p2p" CACHE STRING "Transport backend (see backends/)")
 
@@ -38,7 +45,8 @@ elseif(NOT HYBRID_EP_TRANSPORT IN_LIST HYBRID_EP_IMPLEMENTED_TRANSPORTS)
     "Valid values: ${_valid} (planned, not implemented yet: ${_planned}).")
 endif()
 
-foreach(_var NAME SOURCES INCLUDE_DIRS LINK_LIBRARIES COMPILE_DEFINITIONS CUDA_RDC)
+foreach(_var NAME SOURCES INCLUDE_DIRS LINK_LIBRARIES COMPILE_DEFINITIONS CUDA_RDC
+             MODULE_LINK_LIBRARIES BUILD_RPATH INSTALL_RPATH LIBRARY)
   unset(HYBRID_EP_BACKEND_${_var})
 endforeach()
 include("${PROJECT_SOURCE_DIR}/backends/${HYBRID_EP_TRANSPORT}/backend.cmake")

@@ -2,8 +2,8 @@
 # Set up this checkout on a fresh machine, or bring an existing setup up to date:
 #   bash tools/setup.sh          install hybrid-ep
 #   bash tools/setup.sh --test   install hybrid-ep with its test dependencies, and compile and
-#                                link the doca and nixl transports (build/doca, build/nixl;
-#                                their tests use them)
+#                                link the doca, nixl and nvshmem transports (build/doca,
+#                                build/nixl, build/nvshmem; their tests use them)
 # Uses whatever `python` is first on PATH (override with PYTHON=...). Safe to re-run: the
 # CMake build directory (build/<wheel tag>) persists, so a re-run recompiles only changes.
 # Build options travel as environment variables, e.g. HYBRID_EP_TRANSPORT=p2p CUDAARCHS=90a.
@@ -108,6 +108,33 @@ PY
   echo "== nixl transport: compile and link (cmake --preset nixl)"
   run cmake --preset nixl -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
   run cmake --build --preset nixl
+
+  # 5. The nvshmem transport's build (preset nvshmem): NVSHMEM's headers, libnvshmem_device.a
+  # and libnvshmem_host.so.3 from NVSHMEM_HOME or the installed nvidia-nvshmem-cu13 (whatever
+  # version is there, installed by step 4 or pinned by torch: never changed here);
+  # tests/test_nvshmem_build.py runs it without a GPU. Skipped when neither is usable.
+  nvshmem_lib=$("$py" - <<'PY'
+import os
+try:
+    import nvidia.nvshmem as wheel
+except ImportError:
+    print("absent")
+    raise SystemExit
+root = list(wheel.__path__)[0]
+need = ("include/nvshmem.h", "include/non_abi/nvshmem_version.h", "lib/libnvshmem_device.a",
+        "lib/libnvshmem_host.so.3")
+missing = [p for p in need if not os.path.isfile(os.path.join(root, p))]
+print("usable" if not missing else "incomplete " + ",".join(missing))
+PY
+)
+  if [ -n "${NVSHMEM_HOME:-}" ] || [ "$nvshmem_lib" = "usable" ]; then
+    echo "== nvshmem transport: compile and link (cmake --preset nvshmem)"
+    run cmake --preset nvshmem -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
+    run cmake --build --preset nvshmem
+  else
+    echo "== nvshmem transport: skipped (nvidia-nvshmem-cu13: $nvshmem_lib; set NVSHMEM_HOME"
+    echo "   or install nvidia-nvshmem-cu13 to build the nvshmem preset)"
+  fi
 fi
 # pyenv only finds new console scripts (hybrid-ep) after a rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi

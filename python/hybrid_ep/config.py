@@ -67,6 +67,26 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
+    # NVSHMEM's own variables that the nvshmem build sets when unset (transport_options.py,
+    # nvshmem_environment), with several domains only; a user's value always wins.
+    EnvVar("NVSHMEM_REMOTE_TRANSPORT", "none on one host",
+           "NVSHMEM's transport between hosts (nvshmem build); one host: P2P for every pair"),
+    EnvVar("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo on one host",
+           "interface of NVSHMEM's unique-id bootstrap (nvshmem build); must reach rank 0"),
+    EnvVar("NVSHMEM_IB_ENABLE_IBGDA", "1 on several hosts",
+           "GPU-initiated RDMA between hosts (nvshmem build)"),
+    EnvVar("NVSHMEM_IBGDA_NUM_RC_PER_PE", "HYBRID_EP_NUM_CHANNELS",
+           "IBGDA queue pairs per peer (nvshmem build, several hosts)"),
+    EnvVar("NVSHMEM_IBGDA_RC_MAP_BY", "cta",
+           "block b uses queue pair b % channels, as the channels (nvshmem build, several hosts)"),
+    EnvVar("NVSHMEM_IB_GID_INDEX", "HYBRID_EP_IB_GID_INDEX",
+           "RoCE GID index (nvshmem build); set only when HYBRID_EP_IB_GID_INDEX is"),
+    EnvVar("NVSHMEM_IB_TRAFFIC_CLASS", "HYBRID_EP_IB_TRAFFIC_CLASS",
+           "RoCE traffic class (nvshmem build); set only when not 0"),
+    EnvVar("NVSHMEM_SYMMETRIC_SIZE", "buffer + 256 MiB",
+           "NVSHMEM heap bytes; matters for a static heap (NVSHMEM_DISABLE_CUDA_VMM=1)"),
+    EnvVar("NVSHMEM_DISABLE_NVLS", "1", "no NVLink SHARP: no NVSHMEM collectives are used"),
+    EnvVar("NVSHMEM_DISABLE_NCCL", "1", "no NCCL inside NVSHMEM: no NVSHMEM collectives are used"),
 )
 
 _ENV_NAMES = {v.name for v in ENV_VARS}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import native, transport_connect, transport_options
+from . import native, transport_bootstrap, transport_connect, transport_options
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
 from .reference.layout import DispatchLayout, PermuteLayout, ceil_div, ceil_div_tensor
@@ -88,6 +88,8 @@ class CudaEngine:
         rc.fabric = self.use_mnnvl
         rc.transport_options = transport_options.runtime_options(
             C.build_info()["transport"], self.topo.num_of_nodes, self.env, config, self.device)
+        rc.transport_options = {**rc.transport_options, **transport_bootstrap.group_options(
+            C, self.group, self.topo.rank, rc, self.env)}
         self.config = config
         self.experts = config.num_local_experts
         self.runtime = C.Runtime(rc)
@@ -102,13 +104,17 @@ class CudaEngine:
             self.env)
 
     def _release_runtime(self) -> None:
-        """Drops the runtime after the GPU is done with it; what its transport connection holds
-        (the nixl build's views and registration) goes first, while the buffer still exists."""
+        """Collective (grow, close): frees the runtime's buffer after the GPU is done with it, on
+        every rank together, which a collectively freed buffer (the nvshmem build's) needs. What
+        the transport connection holds (the nixl build's views and registration) goes first,
+        while the buffer still exists."""
         torch.cuda.synchronize(self.device)
         if self._transport is not None:
             connection, self._transport = self._transport, None
             connection.close()
-        self.runtime = None
+        runtime, self.runtime = self.runtime, None
+        if runtime is not None:
+            runtime.release()
 
     def grow(self, config: HybridEPConfig) -> None:
         """Collective: every rank replaces its registered buffer with a larger one."""

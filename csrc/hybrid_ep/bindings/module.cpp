@@ -8,6 +8,7 @@
 #include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/runtime/device_info.h"
 #include "hybrid_ep/transport/transport.h"
+#include "hybrid_ep/transport/transport_hooks.h"
 
 namespace py = pybind11;
 
@@ -32,6 +33,7 @@ PYBIND11_MODULE(_C, m) {
         d["cuda_driver_version"] = hybrid_ep::driver_version();
         d["version"] = info.version;
         d["host_compiler"] = info.host_compiler;
+        d["transport_library"] = info.transport_library;
         // The intra-domain CUDA engine (memory, kernels, executor) is part of this build.
         d["cuda_engine"] = true;
         return d;
@@ -45,6 +47,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("transport_preflight", &hybrid_ep::TransportHost::preflight,
         "Loads what this build's transport needs at run time, without touching the GPU; returns "
         "what was loaded, raises TransportUnavailableError naming what is missing.");
+
+  m.def(
+      "transport_unique_id", [] { return py::bytes(hybrid_ep::transport_unique_id()); },
+      "Bytes the group's rank 0 makes and every rank passes to its runtime (transport option "
+      "unique_id, hex) before building it; empty when this build's transport needs none.");
+  // The transport's error table and library version rule, where it has them.
+  hybrid_ep::hooks::bind_diagnostics(m);
 
   hybrid_ep::register_runtime(m);
   hybrid_ep::register_bench(m);

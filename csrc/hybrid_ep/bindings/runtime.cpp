@@ -60,6 +60,10 @@ void register_runtime(py::module_& m) {
 
   py::class_<Runtime>(m, "Runtime")
       .def(py::init<const RuntimeConfig&>(), py::call_guard<py::gil_scoped_release>())
+      .def_static("bytes_for", &Runtime::registered_bytes,
+                  "Bytes of the registered buffer a Runtime of this config allocates.")
+      .def("release", &Runtime::release, py::call_guard<py::gil_scoped_release>(),
+           "Collective, the last call: frees the transport and the registered buffer now.")
       .def("export_handle", [](const Runtime& r) { return py::bytes(r.export_handle()); })
       .def("open_peers",
            [](Runtime& r, const std::vector<py::bytes>& handles) {

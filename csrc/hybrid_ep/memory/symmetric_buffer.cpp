@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/runtime/driver_api.h"
@@ -78,9 +79,26 @@ SymmetricBuffer::SymmetricBuffer(size_t bytes, HandleKind kind) : bytes_(bytes),
   HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+SymmetricBuffer::SymmetricBuffer(ExternalMemory memory)
+    : bytes_(memory.bytes), kind_(HandleKind::kExternal), external_(std::move(memory)) {
+  local_ = external_.base;
+  if (local_ == nullptr || !external_.peer || !external_.release) {
+    throw std::invalid_argument("SymmetricBuffer: external memory needs a base, peer and release");
+  }
+  try {
+    HYBRID_EP_CUDA_CHECK(cudaMemset(local_, 0, bytes_));
+    HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+  } catch (...) {
+    external_.release(false);
+    throw;
+  }
+}
+
 SymmetricBuffer::~SymmetricBuffer() {
   close_peers();
-  if (kind_ == HandleKind::kCudaIpc) {
+  if (kind_ == HandleKind::kExternal) {
+    external_.release(collective_release_);
+  } else if (kind_ == HandleKind::kCudaIpc) {
     cudaFree(local_);
   } else if (local_ != nullptr) {
     unmap_fabric(local_, bytes_);
@@ -89,6 +107,7 @@ SymmetricBuffer::~SymmetricBuffer() {
 }
 
 std::string SymmetricBuffer::export_handle() const {
+  if (kind_ == HandleKind::kExternal) return std::string();
   if (kind_ == HandleKind::kCudaIpc) {
     cudaIpcMemHandle_t handle;
     HYBRID_EP_CUDA_CHECK(cudaIpcGetMemHandle(&handle, local_));
@@ -103,6 +122,9 @@ std::string SymmetricBuffer::export_handle() const {
 PeerMapping map_peer(HandleKind kind, const std::string& handle, size_t bytes,
                      const std::string& who) {
   PeerMapping mapping;
+  if (kind == HandleKind::kExternal) {
+    throw std::invalid_argument("external memory has no handle to map (" + who + ")");
+  }
   if (kind == HandleKind::kCudaIpc) {
     cudaIpcMemHandle_t ipc;
     if (handle.size() != sizeof(ipc)) {
@@ -129,7 +151,7 @@ PeerMapping map_peer(HandleKind kind, const std::string& handle, size_t bytes,
 }
 
 void unmap_peer(HandleKind kind, const PeerMapping& mapping, size_t bytes) noexcept {
-  if (mapping.address == nullptr) return;
+  if (mapping.address == nullptr || kind == HandleKind::kExternal) return;
   if (kind == HandleKind::kCudaIpc) {
     cudaIpcCloseMemHandle(mapping.address);
   } else {
@@ -146,6 +168,10 @@ void SymmetricBuffer::open_peers(const std::vector<std::string>& handles, int se
   for (size_t j = 0; j < handles.size(); ++j) {
     if (int(j) == self) {
       peers_[j] = local_;  // a process cannot open its own IPC handle
+      continue;
+    }
+    if (kind_ == HandleKind::kExternal) {
+      peers_[j] = external_.peer(int(j));
       continue;
     }
     mappings_[j] = map_peer(kind_, handles[j], bytes_, "local rank " + std::to_string(j));

@@ -12,6 +12,9 @@ struct BuildInfo {
   std::string cuda_toolkit_version;  // nvcc's version, e.g. "13.0.88"
   std::string version;               // package version
   std::string host_compiler;         // id, version and path of the C++ compiler
+  // The library the transport was built against, e.g. "NVSHMEM 3.8.0 (<lib dir>)"; empty when
+  // it uses none beyond the CUDA toolkit.
+  std::string transport_library;
 };
 
 BuildInfo build_info();

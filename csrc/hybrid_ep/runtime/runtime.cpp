@@ -5,6 +5,7 @@
 
 #include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/runtime/device_info.h"
+#include "hybrid_ep/transport/transport_hooks.h"
 
 namespace hybrid_ep {
 namespace {
@@ -22,6 +23,16 @@ int ring_stages(int wanted, int minimum, size_t stage_bytes, size_t reserved, in
   return std::clamp(wanted, minimum, fit);
 }
 
+BufferShape shape_of(const RuntimeConfig& config) {
+  return BufferShape{config.world,
+                     config.ranks,
+                     config.experts_per_rank,
+                     config.max_tokens,
+                     int64_t(config.hidden) * 2,
+                     config.hidden / 128,
+                     config.dispatch_chunk};
+}
+
 }  // namespace
 
 Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
@@ -31,19 +42,19 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   if (config_.world > 64) {
     throw std::invalid_argument("at most 64 ranks per group are supported (metadata masks)");
   }
-  shape_ = BufferShape{config_.world,
-                       config_.ranks,
-                       config_.experts_per_rank,
-                       config_.max_tokens,
-                       int64_t(config_.hidden) * 2,
-                       config_.hidden / 128,
-                       config_.dispatch_chunk};
+  shape_ = shape_of(config_);
   layout_ = BufferLayout::make(shape_);
-  buffer_ = std::make_unique<SymmetricBuffer>(
-      layout_.total, config_.fabric ? HandleKind::kFabric : HandleKind::kCudaIpc);
-  transport_ = std::make_unique<TransportHost>(TransportSetup{buffer_.get(), config_.nodes,
-                                                              config_.node_rank, config_.channels,
-                                                              config_.transport_options});
+  TransportSetup setup{nullptr,
+                       config_.nodes,
+                       config_.node_rank,
+                       config_.channels,
+                       config_.transport_options,
+                       config_.ranks,
+                       config_.local_rank};
+  buffer_ = make_registered_buffer(setup, layout_.total,
+                                   config_.fabric ? HandleKind::kFabric : HandleKind::kCudaIpc);
+  setup.registered = buffer_.get();
+  transport_ = std::make_unique<TransportHost>(setup);
   const size_t counters = layout_.flags_end - layout_.flags_begin;
   HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&expected_), counters));
   HYBRID_EP_CUDA_CHECK(cudaMemset(expected_, 0, counters));
@@ -69,6 +80,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
 Runtime::~Runtime() {
   // Nothing of ours may still run when the memory goes away.
   cudaDeviceSynchronize();
+  // The transport uses the buffer (registrations, mappings): it goes first.
+  transport_.reset();
   buffer_.reset();
   cudaFree(expected_);
   cudaFree(dest_masks_);
@@ -76,6 +89,19 @@ Runtime::~Runtime() {
   cudaFree(abort_);
   cudaFreeHost(status_);
   cudaFreeHost(host_summary_);
+}
+
+void Runtime::release() {
+  cudaDeviceSynchronize();
+  transport_.reset();
+  transport_connected_ = false;
+  connected_ = false;
+  if (buffer_) buffer_->release_collectively();
+  buffer_.reset();
+}
+
+size_t Runtime::registered_bytes(const RuntimeConfig& config) {
+  return BufferLayout::make(shape_of(config)).total;
 }
 
 void Runtime::open_peers(const std::vector<std::string>& handles) {

@@ -50,6 +50,15 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
+  // Bytes of the registered buffer a runtime of `config` allocates (the transport may need to
+  // know before the first runtime is built, e.g. to size a symmetric heap).
+  static size_t registered_bytes(const RuntimeConfig& config);
+  // Collective: every rank of the group calls it together, as the last call on this runtime.
+  // Frees the transport and the registered buffer now, which a buffer whose free is itself
+  // collective (an NVSHMEM heap) can only do on this path; dropping the runtime otherwise
+  // leaks such a buffer instead of waiting for peers that may never come.
+  void release();
+
   const RuntimeConfig& config() const { return config_; }
   const BufferShape& shape() const { return shape_; }
   const BufferLayout& layout() const { return layout_; }

@@ -24,6 +24,27 @@
 //     std::vector<ChannelCounters> counters() const   a synchronous read
 //     void reset_counters()
 //
+// and may supply (transport_hooks.h gives the default to backends that do not):
+//
+//     static std::unique_ptr<SymmetricBuffer> make_registered(const TransportSetup&, size_t,
+//                                                             HandleKind)
+//                                                  allocates the registered buffer itself
+//                                                  (setup.registered is still null), for a
+//                                                  library whose remote writes must land in
+//                                                  memory it allocated; default: an IPC or
+//                                                  fabric SymmetricBuffer
+//     static std::string unique_id()              bytes one rank makes and the whole group
+//                                                  receives before building its runtimes
+//                                                  (RuntimeConfig::transport_options); default:
+//                                                  none
+//     static std::string describe_failure(const std::string& call, int status, int stage)
+//     static std::string version_mismatch(int built_major, int built_minor, int built_patch,
+//                                         int loaded_major, int loaded_minor, int loaded_patch)
+//                                                  the backend's error table and library
+//                                                  version rule, bound as _C functions of the
+//                                                  same names (prefixed transport_) so that CPU
+//                                                  tests check them on fixed inputs
+//
 // The peer of domain n is the rank with this rank's local index in domain n. Channels are
 // independent queues per peer (HYBRID_EP_NUM_CHANNELS); block b of a kernel uses channel
 // b % channels.
@@ -50,14 +71,19 @@ struct TransportSetup {
   // Backend settings resolved by the Python layer (hybrid_ep/transport_options.py), as strings;
   // a backend ignores the keys it does not know.
   std::map<std::string, std::string> options;
+  int ranks = 1;       // ranks per domain: the peer of domain n is global rank n*ranks+local_rank
+  int local_rank = 0;  // this rank's index in its domain
 
   // Every backend's constructor starts here; throws std::invalid_argument.
   void check() const {
-    if (nodes < 1 || node_rank < 0 || node_rank >= nodes || channels < 1) {
+    if (nodes < 1 || node_rank < 0 || node_rank >= nodes || channels < 1 || ranks < 1 ||
+        local_rank < 0 || local_rank >= ranks) {
       throw std::invalid_argument(
-          "transport: need nodes >= 1, 0 <= node_rank < nodes and channels >= 1 (got " +
+          "transport: need nodes >= 1, 0 <= node_rank < nodes, channels >= 1 and 0 <= "
+          "local_rank < ranks (got " +
           std::to_string(nodes) + ", " + std::to_string(node_rank) + ", " +
-          std::to_string(channels) + ")");
+          std::to_string(channels) + ", " + std::to_string(local_rank) + ", " +
+          std::to_string(ranks) + ")");
     }
   }
 };

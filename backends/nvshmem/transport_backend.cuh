@@ -1,0 +1,51 @@
+// nvshmem transport, device side: a put is NVSHMEM's warp-wide non-blocking put to the peer's
+// PE at the same symmetric offset (P2P: the warp's stores, done on return; IBGDA: RDMA writes
+// from the registered buffer). A signal is an atomic add on the peer's flag after
+// nvshmem_fence: NVSHMEM orders nothing between earlier non-blocking puts and a later signal
+// to the same PE without it. A flush is nvshmem_quiet: it returns once this thread's puts are
+// complete, so their sources may be reused. Counters count exactly as the p2p backend does.
+// Waits stay plain acquire loads of local memory (kernels/common/flags.cuh).
+#pragma once
+
+#include <cstdint>
+
+#include "nvshmem.h"
+#include "nvshmemx.h"
+#include "transport_backend.h"
+
+namespace hybrid_ep {
+
+struct TransportDevice {
+  __device__ static int pe(const TransportContext& ctx, int node) {
+    return node * ctx.ranks + ctx.local_rank;
+  }
+
+  __device__ static void put(const TransportContext& ctx, int channel, int node,
+                             size_t remote_offset, const void* src, size_t bytes, int lane) {
+    nvshmemx_putmem_nbi_warp(ctx.base + remote_offset, src, bytes, pe(ctx, node));
+    if (lane == 0) {
+      atomicAdd(&ctx.counters[channel].puts, 1ull);
+      atomicAdd(&ctx.counters[channel].bytes, static_cast<unsigned long long>(bytes));
+    }
+  }
+
+  __device__ static void signal(const TransportContext& ctx, int channel, int node,
+                                size_t flag_offset, uint64_t value, int lane) {
+    __syncwarp();  // every lane's part of the earlier puts is issued before lane 0 fences
+    if (lane == 0) {
+      nvshmem_fence();
+      nvshmemx_signal_op(reinterpret_cast<uint64_t*>(ctx.base + flag_offset), value,
+                         NVSHMEM_SIGNAL_ADD, pe(ctx, node));
+      atomicAdd(&ctx.counters[channel].signals, 1ull);
+    }
+    __syncwarp();
+  }
+
+  __device__ static void flush(const TransportContext&, int, int lane) {
+    __syncwarp();
+    if (lane == 0) nvshmem_quiet();
+    __syncwarp();
+  }
+};
+
+}  // namespace hybrid_ep

@@ -1,0 +1,106 @@
+"""The nvshmem build's start-up on a real GPU (HYBRID_EP_TRANSPORT=nvshmem pip install .): two
+ranks as two NVLink domains on one host. A bootstrap interface that does not exist makes every
+rank raise a clear error instead of hanging; a healthy start builds two buffers in each process
+(they share one NVSHMEM session), runs the transport self-test and frees them collectively.
+Every rank is a fresh child process: NVSHMEM is process-global and reads its variables once.
+The data path itself is covered by the transport and multi-domain GPU tests of this build."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import gpu_env
+import pytest
+from gpu_env import gpu_marks
+
+from hybrid_ep import native
+
+pytestmark = [
+    *gpu_marks,
+    pytest.mark.skipif(gpu_env.DRY_RUN, reason="drives the CUDA runtime directly"),
+    pytest.mark.skipif(isinstance(native.load(), ImportError)
+                       or native.load().build_info()["transport"] != "nvshmem",
+                       reason="the installed hybrid_ep is not the nvshmem build"),
+]
+
+# argv: rank, world, store file, buffers to build. Prints one JSON line.
+_RANK = r"""
+import json, sys
+import torch
+import torch.distributed as dist
+from hybrid_ep import native, transport_bootstrap
+rank, world, store, buffers = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+torch.cuda.set_device(0)
+dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+C = native.module()
+out = {"rank": rank}
+try:
+    runtimes = []
+    for _ in range(buffers):
+        rc = C.RuntimeConfig()
+        rc.world, rc.ranks, rc.nodes, rc.node_rank, rc.local_rank = world, 1, world, rank, 0
+        rc.experts_per_rank, rc.max_tokens, rc.hidden = 2, 64, 1024
+        rc.sms_dispatch = rc.sms_combine = rc.sms_preprocessing = 4
+        rc.transport_options = transport_bootstrap.group_options(C, dist.group.WORLD, rank, rc)
+        runtime = C.Runtime(rc)
+        handles = [None] * world
+        dist.all_gather_object(handles, runtime.export_handle())
+        runtime.open_peers([handles[rank]])
+        blobs = [None] * world
+        dist.all_gather_object(blobs, runtime.transport_bootstrap())
+        runtime.connect_transport(blobs)
+        runtimes.append(runtime)
+    stream = torch.cuda.current_stream().cuda_stream
+    for runtime in runtimes:
+        dist.barrier()
+        out.setdefault("wrong", []).append(runtime.transport_check(4096, 0, stream))
+        out.setdefault("status", []).append(runtime.status()["code"])
+    torch.cuda.synchronize()
+    dist.barrier()
+    for runtime in runtimes:
+        runtime.release()
+    out["result"] = "ok"
+except Exception as error:
+    out["error"] = type(error).__name__
+    out["message"] = str(error)
+print(json.dumps(out))
+"""
+
+
+def _run_ranks(tmp_path, world: int, buffers: int, env: dict[str, str]) -> list[dict]:
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHMEM_")}
+    child_env.update(env)
+    store = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), str(world), store,
+                               str(buffers)], env=child_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    outs = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=240)  # a hang fails here
+            assert proc.returncode == 0, stdout + stderr
+            outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return outs
+
+
+def test_bad_bootstrap_interface_raises_on_every_rank(tmp_path):
+    outs = _run_ranks(tmp_path, 2, 1, {"NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "nosuchif0"})
+    for out in outs:
+        assert "error" in out, out
+        assert out["error"] in ("TransportBootstrapError", "TransportUnavailableError"), out
+        assert "nvshmem" in out["message"], out
+        assert "nosuchif0" in out["message"] or "nvshmemx_get_uniqueid" in out["message"], out
+
+
+def test_two_buffers_share_the_session_and_pass_the_transport_check(tmp_path):
+    outs = _run_ranks(tmp_path, 2, 2, {})
+    for out in outs:
+        assert out.get("result") == "ok", out
+        assert out["wrong"] == [0, 0] and out["status"] == [0, 0], out
