@@ -41,9 +41,10 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_NIXL_DIRECT", "1",
            "nixl build: 1 stores directly into the peers UCX maps into the process (cuda_ipc); "
            "0 sends every put through ucp_device_put"),
-    EnvVar("HYBRID_EP_NIXL_PROGRESS_THREAD", "1",
-           "nixl build: 1 gives each NIXL agent its UCX progress thread; 0 none (the GPU data "
-           "path needs none; host-posted transfers to the agent then stall)"),
+    EnvVar("HYBRID_EP_NIXL_PROGRESS_THREAD", "0",
+           "nixl build: 1 gives each rank's NIXL agent a UCX progress thread (needed only for "
+           "host-posted transfers to it); 0 none: the GPU data path needs none, and the threads "
+           "took CPU from the ranks"),
     EnvVar("NIXL_ETCD_ENDPOINTS", "unset",
            "comma-separated http(s)://host:port list; set: NIXL metadata goes through etcd"),
     EnvVar("HYBRID_EP_NIC_MAPPING", "auto",
@@ -270,7 +271,7 @@ class EnvSettings:
     ib_traffic_class: int = 0
     doca_qp_depth: int | None = None  # None: the buffer's worst case
     nixl_direct: bool = True
-    nixl_progress_thread: bool = True
+    nixl_progress_thread: bool = False
 
 
     @staticmethod
@@ -297,7 +298,7 @@ class EnvSettings:
             ib_traffic_class=env_int("HYBRID_EP_IB_TRAFFIC_CLASS", 0, 0, 255),
             doca_qp_depth=qp_depth_from_env(),
             nixl_direct=env_bool("HYBRID_EP_NIXL_DIRECT", True),
-            nixl_progress_thread=env_bool("HYBRID_EP_NIXL_PROGRESS_THREAD", True),
+            nixl_progress_thread=env_bool("HYBRID_EP_NIXL_PROGRESS_THREAD", False),
         )
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from gpu_cases import job
 
-from hybrid_ep import native, transport_connect
+from hybrid_ep import native, transport_bootstrap, transport_connect
 from hybrid_ep.config import EnvSettings
 from hybrid_ep.topology import gather_objects
 
@@ -34,8 +34,9 @@ def _connected_runtime(ctx, nodes: int, channels: int, max_tokens: int, chunk: i
     rc.sms_dispatch = rc.sms_combine = rc.sms_preprocessing = ctx.sms
     rc.channels = channels
     rc.timeout_s = 30.0
-    runtime = C.Runtime(rc)
     group = dist.group.WORLD
+    rc.transport_options = transport_bootstrap.group_options(C, group, rank, rc)
+    runtime = C.Runtime(rc)
     handles = gather_objects(runtime.export_handle(), group)
     runtime.open_peers(handles[node * R:(node + 1) * R])
     connection = transport_connect.connect(
@@ -60,7 +61,7 @@ def transport_check(ctx, nodes: int, channels: int, nbytes: int, rounds: int) ->
     torch.cuda.synchronize()
     dist.barrier()  # no peer writes into this buffer any more
     connection.close()
-    del runtime
+    runtime.release()  # collective: the nvshmem build frees its buffer on every rank together
     gc.collect()
     assert all(w == 0 for w in wrong), f"{ctx.where()} wrong bytes per round: {wrong}"
     for channel, c in enumerate(counters):
@@ -128,7 +129,7 @@ def network_send(ctx, nodes: int, chunk: int, pattern: str, channels: int, round
     torch.cuda.synchronize()
     dist.barrier()
     connection.close()
-    del runtime
+    runtime.release()  # collective: the nvshmem build frees its buffer on every rank together
     gc.collect()
     assert got == expected, f"{ctx.where()} counters {got}, the reference counts {expected}"
     return {"rank": rank, "counters": got}
