@@ -69,7 +69,7 @@ TransportHost::TransportHost(const TransportSetup& setup)
     }
     direct_ = direct->second == "1";
   }
-  counters_ = device_zeros<ChannelCounters>(size_t(channels_));
+  counters_ = allocate_counters(channels_);
   mapped_ = device_zeros<uint8_t*>(size_t(nodes_));
   fault_ = device_zeros<unsigned int>(1);
   if (nodes_ > 1) {
@@ -156,9 +156,7 @@ TransportContext TransportHost::context() const {
 // Also where device-side faults surface: the GPU cannot throw, so it leaves bits in the fault
 // word and the next synchronous read reports them.
 std::vector<ChannelCounters> TransportHost::counters() const {
-  std::vector<ChannelCounters> out(channels_);
-  HYBRID_EP_CUDA_CHECK(cudaMemcpy(out.data(), counters_, sizeof(ChannelCounters) * out.size(),
-                                  cudaMemcpyDeviceToHost));
+  std::vector<ChannelCounters> out = read_counters(counters_, channels_);
   unsigned int fault = 0;
   HYBRID_EP_CUDA_CHECK(cudaMemcpy(&fault, fault_, sizeof(fault), cudaMemcpyDeviceToHost));
   if (fault & kNixlFaultSourceOutside) {
@@ -179,8 +177,6 @@ std::vector<ChannelCounters> TransportHost::counters() const {
   return out;
 }
 
-void TransportHost::reset_counters() {
-  HYBRID_EP_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(ChannelCounters) * size_t(channels_)));
-}
+void TransportHost::reset_counters() { zero_counters(counters_, channels_); }
 
 }  // namespace hybrid_ep
