@@ -48,7 +48,7 @@ std::unique_ptr<SymmetricBuffer> TransportHost::make_registered(const TransportS
   if (id == setup.options.end()) {
     throw std::invalid_argument(
         "nvshmem transport: no unique_id option; the Python layer "
-        "(hybrid_ep/nvshmem_bootstrap.py) must pass rank 0's unique id to every rank");
+        "(hybrid_ep/transport_bootstrap.py) must pass rank 0's unique id to every rank");
   }
   const int rank = setup.node_rank * setup.ranks + setup.local_rank;
   std::shared_ptr<nvshmem::Session> session =
