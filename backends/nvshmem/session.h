@@ -1,6 +1,6 @@
 // NVSHMEM for this process: one session, shared by every buffer that spans several NVLink
 // domains. NVSHMEM is process-global and is initialised once, from a unique id made by the
-// group's rank 0 and handed to every rank through the group (hybrid_ep/nvshmem_bootstrap.py);
+// group's rank 0 and handed to every rank through the group (hybrid_ep/transport_bootstrap.py);
 // the status-returning nvshmemi_init_thread is used, never nvshmem_init/nvshmemx_init_attr,
 // which exit(-1) on failure. Every failure throws TransportUnavailable naming the call, the
 // status and how far NVSHMEM got (status.h).
