@@ -6,6 +6,7 @@
 
 #include "doca_library.h"
 #include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/transport/device_state.h"
 #include "hybrid_ep/transport/transport.h"
 #include "network.h"
 #include "options.h"
@@ -17,14 +18,6 @@ namespace {
 // past this post each put at once, which is slower but correct. 4096 slots are 3 MiB.
 constexpr int kBatchSlots = 4096;
 constexpr size_t kSinkBytes = 256;
-
-template <typename T>
-T* device_zeros(size_t count) {
-  T* p = nullptr;
-  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), sizeof(T) * count));
-  HYBRID_EP_CUDA_CHECK(cudaMemset(p, 0, sizeof(T) * count));
-  return p;
-}
 
 }  // namespace
 
@@ -108,8 +101,7 @@ TransportContext TransportHost::context() const {
 // the fault word and the next synchronous read reports them.
 std::vector<ChannelCounters> TransportHost::counters() const {
   std::vector<ChannelCounters> out = read_counters(counters_, channels_);
-  unsigned int fault = 0;
-  HYBRID_EP_CUDA_CHECK(cudaMemcpy(&fault, fault_, sizeof(fault), cudaMemcpyDeviceToHost));
+  const unsigned int fault = read_fault_bits(fault_);
   if (fault & kDocaFaultSourceOutside) {
     throw std::runtime_error(
         "doca transport: a put's source was outside this rank's registered buffer; RDMA sends "

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "doca_gpunetio_device.h"
+#include "hybrid_ep/transport/warp_slot.cuh"
 #include "transport_backend.h"
 
 namespace hybrid_ep::doca_device {
@@ -31,12 +32,7 @@ __device__ __forceinline__ uint64_t broadcast(uint64_t v) {
 
 // This warp's batch, or null when the launch has more warps than batch slots.
 __device__ __forceinline__ DocaBatch* warp_batch(const TransportContext& ctx) {
-  const uint64_t block =
-      blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
-  const uint32_t thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  const uint32_t warps = (blockDim.x * blockDim.y * blockDim.z + 31) / 32;
-  const uint64_t slot = block * warps + thread / 32;
-  return slot < uint64_t(ctx.batch_slots) ? ctx.batches + slot : nullptr;
+  return warp_slot(ctx.batches, ctx.batch_slots);
 }
 
 // Posts `count` RDMA writes of `puts` and, with `signal`, a fetch-add ordered after them, as

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/transport/device_state.h"
 #include "hybrid_ep/transport/transport.h"
 #include "mapped_views.h"
 #include "view_header.h"
@@ -18,14 +19,6 @@ namespace {
 // Warps of one launch that may keep a put in flight (a slot each); more warps than this post
 // with UCP_DEVICE_FLAG_NODELAY instead. 132 SMs x 32 warps covers any launch of ours.
 constexpr int kPendingSlots = 132 * 32;
-
-template <typename T>
-T* device_zeros(size_t count) {
-  T* p = nullptr;
-  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), sizeof(T) * count));
-  HYBRID_EP_CUDA_CHECK(cudaMemset(p, 0, sizeof(T) * count));
-  return p;
-}
 
 uint64_t view_address(const std::string& blob, int node) {
   if (blob.size() != sizeof(uint64_t)) {
@@ -157,8 +150,7 @@ TransportContext TransportHost::context() const {
 // word and the next synchronous read reports them.
 std::vector<ChannelCounters> TransportHost::counters() const {
   std::vector<ChannelCounters> out = read_counters(counters_, channels_);
-  unsigned int fault = 0;
-  HYBRID_EP_CUDA_CHECK(cudaMemcpy(&fault, fault_, sizeof(fault), cudaMemcpyDeviceToHost));
+  const unsigned int fault = read_fault_bits(fault_);
   if (fault & kNixlFaultSourceOutside) {
     throw std::runtime_error(
         "nixl transport: a put's source was outside this rank's registered buffer; the memory "

@@ -14,6 +14,7 @@
 
 #include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/transport/warp_copy.cuh"
+#include "hybrid_ep/transport/warp_slot.cuh"
 #include "transport_backend.h"
 #include "ucx_device.cuh"
 
@@ -28,12 +29,7 @@ namespace nixl_device {
 constexpr uint64_t kFlushTimeoutNs = 60ull * 1000 * 1000 * 1000;
 
 __device__ __forceinline__ NixlPending* warp_slot(const TransportContext& ctx) {
-  const uint64_t block =
-      blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
-  const uint32_t thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  const uint32_t warps = (blockDim.x * blockDim.y * blockDim.z + 31) / 32;
-  const uint64_t slot = block * warps + thread / 32;
-  return slot < uint64_t(ctx.pending_slots) ? ctx.pending + slot : nullptr;
+  return hybrid_ep::warp_slot(ctx.pending, ctx.pending_slots);
 }
 
 __device__ __forceinline__ ucp_device_request_t* request_of(NixlPending* slot) {
