@@ -13,7 +13,9 @@ def _step_events(step: int, t0: float) -> list[tuple[float, float, str]]:
     order = [("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 1),  # pre
              ("dispatch_kernel", 2), ("dispatch_kernel", 3), ("combine_kernel", 4),
              ("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 5),
-             ("permute_kernel", 6), ("unpermute_kernel", 7), ("combine_kernel", 8)]
+             ("permute_kernel", 6),
+             ("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 9),  # fused
+             ("unpermute_kernel", 7), ("combine_kernel", 8)]
     return [(t0 + i, 100.0 * step + code + (1.0 if code == 0 else 0.0), NAME.format(kernel))
             for i, (kernel, code) in enumerate(order)]
 
@@ -23,7 +25,7 @@ def test_permute_pair_kernels_are_summed_per_op():
     events = [e for s in range(steps) for e in _step_events(s, 1000.0 * s)]
     events = events[3:]  # the profiler missed the start of the session
     result = RankResult(rank=0, device=0, gpu="x", sm_count=132)
-    _assign_kernels(result, events, list(OPS), steps, iters, preprocess_per_step=2)
+    _assign_kernels(result, events, list(OPS), steps, iters, preprocess_per_step=3)
     for n, step in enumerate(range(steps - iters, steps)):
         base = 100.0 * step
         assert result.kernel_s["dispatch_pre"][n] == (base + 1) * 1e-6
@@ -32,4 +34,5 @@ def test_permute_pair_kernels_are_summed_per_op():
         assert result.kernel_s["combine_bf16"][n] == (base + 4) * 1e-6
         assert abs(result.kernel_s["dispatch_permute"][n] - (2 * base + 11) * 1e-6) < 1e-12
         assert abs(result.kernel_s["combine_unpermute"][n] - (2 * base + 15) * 1e-6) < 1e-12
+        assert result.kernel_s["dispatch_fused"][n] == (base + 9) * 1e-6
     assert result.profiler_note is None

@@ -217,8 +217,9 @@ class HybridEPBuffer:
         return is_fp8
 
     def _dispatch_rows(self, engine, *, hidden, scaling_factor, probs, routing_map, handle,
-                       permute: bool, caller: str, non_blocking: bool):
-        """Preprocess (or reuse the handle), then move rows. Returns rows, layout, call config."""
+                       permute: bool, caller: str, non_blocking: bool, fused_permute=None):
+        """Preprocess (or reuse the handle), then move rows. Returns rows, layout, call config.
+        With ``fused_permute`` (CUDA engine) the rows come back permuted, with their layout."""
         if handle is not None:
             made = handles.check_handle(handle, self.config, permute=permute, caller=caller)
             _check_handle_device(handle, hidden)
@@ -228,7 +229,7 @@ class HybridEPBuffer:
             layout = handles.layout_from_handle(handle)
             tokens = handle[5] if not permute else handle[8]
             rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens,
-                                   keep_in_buffer=permute)
+                                   keep_in_buffer=permute, fused_permute=fused_permute)
             self._count_sends(engine, layout, tokens, hidden, probs, scaling_factor)
             return rows, layout, tokens, made, None
         while True:
@@ -236,7 +237,7 @@ class HybridEPBuffer:
                                                        non_blocking=non_blocking, permute=permute)
             try:
                 rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens,
-                                       keep_in_buffer=permute)
+                                       keep_in_buffer=permute, fused_permute=fused_permute)
             except NeedsGrowth as growth:  # found by the CUDA engine after its launches
                 self._grow_tokens(engine, growth.needed)
                 continue
@@ -291,13 +292,14 @@ class HybridEPBuffer:
 
     @staticmethod
     def _move_rows(engine, hidden, probs, scaling_factor, layout, tokens, *,
-                   keep_in_buffer: bool):
+                   keep_in_buffer: bool, fused_permute=None):
         """The rows a rank receives; with ``keep_in_buffer`` an engine may leave them where the
         permute step reads them (the CUDA engine's registered buffer) instead of tensors."""
+        extra = {"fused_permute": fused_permute} if fused_permute is not None else {}
         return engine.dispatch(hidden.contiguous(),
                                probs.contiguous() if probs is not None else None,
                                scaling_factor.contiguous() if scaling_factor is not None
-                               else None, layout, tokens, keep_in_buffer=keep_in_buffer)
+                               else None, layout, tokens, keep_in_buffer=keep_in_buffer, **extra)
 
     @staticmethod
     def _check_dispatched_count(value, actual: int | None):
@@ -408,13 +410,19 @@ class HybridEPBuffer:
                 budget = made.num_permuted_tokens
         self._check_rows("hidden", hidden.shape[0], non_blocking=non_blocking)
 
-        (rows, row_probs, row_scales), layout, tokens, made, routing = self._dispatch_rows(
+        # The CUDA engine fuses the permute into the dispatch grid; the reference engine has
+        # one way to compute the same outputs.
+        fused = (pad, budget) if fuse_permute_dispatch and engine is self._cuda_engine else None
+        moved, layout, tokens, made, routing = self._dispatch_rows(
             engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs,
             routing_map=routing_map, handle=handle, permute=True,
-            caller="dispatch_with_permute", non_blocking=non_blocking)
+            caller="dispatch_with_permute", non_blocking=non_blocking, fused_permute=fused)
         self._check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
-        plan = engine.permute_plan(layout, pad, budget)
-        out, out_probs, out_scales = engine.permute(rows, row_probs, row_scales, plan)
+        if fused is not None:
+            (out, out_probs, out_scales), plan = moved
+        else:
+            plan = engine.permute_plan(layout, pad, budget)
+            out, out_probs, out_scales = engine.permute(*moved, plan)
 
         device = hidden.device
         if isinstance(plan.overflow, torch.Tensor):

@@ -98,7 +98,7 @@ def _bench_gpu(args) -> int:
         sm_sms=args.sms if args.sms is not None else base.sm_sms,
         fp8=not args.no_fp8, permute=not args.no_permute, seed=args.seed,
         label=args.label or "",
-        mps_partition=not args.no_mps_partition,
+        mps_partition=not args.no_mps_partition, permute_blocks=args.permute_blocks,
         out_dir=args.out_dir if args.out_dir is not None else "hybrid-ep-bench", **given)
     for name in ("hidden", "tokens", "experts_per_rank", "topk", "iters"):
         if getattr(cfg, name) < 1:
@@ -175,6 +175,10 @@ def main(argv=None) -> int:
     g.add_argument("--channels", default="1,2,4",
                    help="with --nodes > 1: transport channel counts to run, comma-separated "
                         "(HYBRID_EP_NUM_CHANNELS; default 1,2,4)")
+    g.add_argument("--permute-blocks", type=int, default=None,
+                   help="permute blocks per rank of the fused dispatch_with_permute (default: "
+                        "an even split of the GPU's SMs among the ranks on it, less the dispatch "
+                        "SMs; 0 skips the fused op)")
     g.add_argument("--no-mps-partition", action="store_true",
                    help="ranks sharing a GPU get no MPS share of SMs (default: just above "
                         "their SMs per rank)")

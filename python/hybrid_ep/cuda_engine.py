@@ -241,9 +241,12 @@ class CudaEngine:
 
     # -- dispatch / combine ----------------------------------------------------------------------
     def dispatch(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int,
-                 keep_in_buffer: bool = False):
+                 keep_in_buffer: bool = False, fused_permute: tuple[int, int | None] | None = None):
         """Rows to every destination's registered buffer; then copied out into new tensors, or
-        (``keep_in_buffer``, the permute path) left there for the permute kernel."""
+        (``keep_in_buffer``, the permute path) left there for the permute kernel. With
+        ``fused_permute`` = (pad_multiple, num_permuted_tokens or None) extra blocks of the
+        dispatch grid write the expert-major rows as chunks arrive; returns those rows and the
+        permuted layout."""
         self.check_status()
         self._check_device(hidden)
         row_bytes = self._row_bytes(hidden)
@@ -256,10 +259,13 @@ class CudaEngine:
             probs = _with_storage(probs)
             scaling_factor = _with_storage(scaling_factor)
         stream = self._stream()
-        self.runtime.dispatch(hidden.data_ptr(), _ptr(probs), _ptr(scaling_factor),
-                              layout.sparse_to_dense_map.data_ptr(),
-                              layout.attn_to_rdma_map.data_ptr(), tokens, hidden.shape[0],
-                              row_bytes, scale_cols, not self._preprocessed, stream)
+        args = (hidden.data_ptr(), _ptr(probs), _ptr(scaling_factor),
+                layout.sparse_to_dense_map.data_ptr(), layout.attn_to_rdma_map.data_ptr(), tokens,
+                hidden.shape[0], row_bytes, scale_cols, not self._preprocessed)
+        if fused_permute is not None:
+            return self._dispatch_permute(args, hidden, probs is not None, scale_cols, layout,
+                                          fused_permute)
+        self.runtime.dispatch(*args, stream)
         if self._fresh_layout:
             self._read_summary(layout)
         self._fresh_layout = False
@@ -280,6 +286,37 @@ class CudaEngine:
         self.runtime.copy_dispatched(out.data_ptr(), _ptr(out_probs), _ptr(out_scales), rows,
                                      row_bytes, scale_cols, stream)
         return out, out_probs, out_scales
+
+    def _dispatch_permute(self, args, hidden, with_probs: bool, scale_cols: int,
+                          layout: DispatchLayout, fused_permute):
+        """The fused dispatch_with_permute. The output is sized before the launch, so a
+        blocking call takes its one synchronisation here, before the dispatch instead of after
+        it."""
+        pad_multiple, budget = fused_permute
+        if self._fresh_layout:
+            self._fresh_layout = False
+            self._read_summary(layout)
+        self._preprocessed = False
+        plan = self.permute_plan(layout, pad_multiple, budget)
+        if layout.dense_chunk_layout is None:
+            raise RuntimeError("internal: the fused permute needs the handle's dense_chunk_layout")
+        P = plan.num_permuted_tokens
+        out = torch.empty(P, hidden.shape[1], dtype=hidden.dtype, device=self.device)
+        out_probs = torch.empty(P, dtype=torch.float32, device=self.device) if with_probs else None
+        out_scales = (torch.empty(P, scale_cols, dtype=torch.float32, device=self.device)
+                      if scale_cols else None)
+        # Every block of the grid must be resident at once on this rank's GPU.
+        blocks = min(self.config.num_blocks_permute,
+                     max(0, self._sms - self.config.num_sms_dispatch_api))
+        if blocks == 0:
+            raise ValueError(f"num_sms_dispatch_api={self.config.num_sms_dispatch_api}: the fused "
+                             f"permute needs blocks besides the dispatch's on this GPU's "
+                             f"{self._sms} SMs")
+        self.runtime.dispatch_permute(
+            *args, layout.dense_chunk_layout.data_ptr(), plan.dense_to_expert_map.data_ptr(),
+            plan.row_source.data_ptr(), P, blocks, out.data_ptr(), _ptr(out_probs),
+            _ptr(out_scales), self._stream())
+        return (out, out_probs, out_scales), plan
 
     def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
         return self._combine(hidden, probs, layout, tokens, num_tokens, None)

@@ -86,4 +86,6 @@ def layout_from_handle(handle) -> DispatchLayout:
         num_dispatched_tokens_tensor=handle[3],
         local_expert_routing_map=handle[4],
         num_dispatched_tokens=config.num_dispatched_tokens,
+        # A permute handle's entry 5; a dispatch handle's is its token count.
+        dense_chunk_layout=handle[5] if config.with_permute else None,
     )

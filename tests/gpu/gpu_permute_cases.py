@@ -192,11 +192,13 @@ def graph_replay(ctx, spec: dict, replays: int) -> dict:
     def step():
         out = buf.dispatch_with_permute(hidden=static_x, routing_map=static_map,
                                         probs=static_probs, pad_multiple=spec["pad"],
-                                        num_permuted_tokens=P, non_blocking=True)
+                                        num_permuted_tokens=P, non_blocking=True,
+                                        fuse_permute_dispatch=spec.get("fused", False))
         # the "expert": a fixed function of the permuted rows
         static_y.copy_(out[0] * 0.5 + out[1].unsqueeze(1).to(torch.bfloat16))
         combined = buf.combine_with_unpermute(hidden=static_y, probs=out[1], handle=out[4],
-                                              pad_multiple=spec["pad"])
+                                              pad_multiple=spec["pad"],
+                                              fuse_unpermute_combine=spec.get("fused", False))
         return out, combined
 
     side = torch.cuda.Stream()

@@ -147,6 +147,27 @@ void register_runtime(py::module_& m) {
                            handle_tokens, num_tokens, row_bytes, scale_cols, barrier_first},
                           stream_of(stream));
            })
+      .def("dispatch_permute",
+           [](Runtime& r, uintptr_t hidden, uintptr_t probs, uintptr_t scales, uintptr_t s2d,
+              uintptr_t a2r, int handle_tokens, int num_tokens, int row_bytes, int scale_cols,
+              bool barrier_first, uintptr_t chunk_layout, uintptr_t d2e, uintptr_t row_source,
+              int num_permuted, int blocks, uintptr_t out, uintptr_t out_probs,
+              uintptr_t out_scales, uintptr_t stream) {
+             const FusedPermuteCall permute{ptr<const int32_t>(chunk_layout),
+                                            ptr<const int32_t>(d2e),
+                                            ptr<const int32_t>(row_source),
+                                            num_permuted,
+                                            blocks,
+                                            ptr<uint8_t>(out),
+                                            ptr<float>(out_probs),
+                                            ptr<float>(out_scales)};
+             run_dispatch(
+                 r,
+                 {ptr<const uint8_t>(hidden), ptr<const float>(probs), ptr<const float>(scales),
+                  ptr<const int32_t>(s2d), ptr<const bool>(a2r), handle_tokens, num_tokens,
+                  row_bytes, scale_cols, barrier_first, &permute},
+                 stream_of(stream));
+           })
       .def("copy_dispatched",
            [](Runtime& r, uintptr_t rows, uintptr_t probs, uintptr_t scales, int count,
               int row_bytes, int scale_cols, uintptr_t stream) {

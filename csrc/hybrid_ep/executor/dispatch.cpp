@@ -5,6 +5,10 @@
 
 namespace hybrid_ep {
 
+// Dispatch rows per work item of a fused permute block: small enough that a chunk's rows spread
+// over many permute blocks, large enough to keep a block's ring busy.
+constexpr int kFusedPermuteSlice = 16;
+
 void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream) {
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
@@ -59,7 +63,22 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
           runtime, call.scales, tokens * call.scale_cols * sizeof(float), l.staged_scales, stream));
     }
   }
-  launch_dispatch(p, c.sms_dispatch, stream);
+  p.dispatch_blocks = c.sms_dispatch;
+  if (call.permute != nullptr && call.permute->blocks > 0) {
+    const FusedPermuteCall& f = *call.permute;
+    p.permute_blocks = f.blocks;
+    p.permute = {f.chunk_layout,
+                 f.dense_to_expert_map,
+                 f.row_source,
+                 f.num_permuted,
+                 c.experts_per_rank,
+                 c.local_rank * c.experts_per_rank,
+                 kFusedPermuteSlice,
+                 f.out,
+                 call.probs != nullptr ? f.out_probs : nullptr,
+                 call.scales != nullptr ? f.out_scales : nullptr};
+  }
+  launch_dispatch(p, stream);
 }
 
 const void* network_source(Runtime& runtime, const void* source, size_t bytes,

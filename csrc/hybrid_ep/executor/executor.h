@@ -40,6 +40,20 @@ struct DispatchCall {
   int row_bytes;
   int scale_cols;
   bool barrier_first;  // needed when no preprocessing ran in this operation
+  // dispatch_with_permute fused (fuse_permute_dispatch): the expert-major outputs, written by
+  // extra blocks of the dispatch grid; null for a plain dispatch.
+  const struct FusedPermuteCall* permute = nullptr;
+};
+
+struct FusedPermuteCall {
+  const int32_t* chunk_layout;         // handle entry 5 (dense_chunk_layout)
+  const int32_t* dense_to_expert_map;  // from run_permute_layout
+  const int32_t* row_source;           // from run_permute_layout
+  int num_permuted;
+  int blocks;         // permute blocks after the dispatch blocks
+  uint8_t* out;       // [num_permuted, row_bytes]
+  float* out_probs;   // [num_permuted] or null
+  float* out_scales;  // [num_permuted, scale_cols] or null
 };
 
 // Rows land in the registered buffers of their destination ranks.

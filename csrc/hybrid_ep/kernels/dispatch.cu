@@ -11,12 +11,16 @@
 //   at the end   : one monotonic flag per (forwarder, domain, chunk) in every destination, also
 //                  for chunks with nothing for it; then each block waits for the chunks it
 //                  receives.
-// Chunk c of every domain belongs to block c % gridDim.x on every rank.
+// Chunk c of every domain belongs to dispatch block c % dispatch_blocks on every rank.
+// Fused with permute (dispatch_permute.cuh), blocks past the dispatch blocks permute: the store
+// warps then signal each chunk as soon as it is written, and the permute blocks, not the
+// dispatch blocks, wait for the incoming chunks.
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/dispatch_permute.cuh"
 #include "hybrid_ep/kernels/network_send.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -162,7 +166,7 @@ __device__ void load_rows(const DispatchParams& p, const Smem& s, int lane) {
   for (int step = 0; step < p.domain.nodes; ++step) {
     const int node = domain_at(p, step);
     const RowSource src = row_source(p, node);
-    for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
+    for (int c = blockIdx.x; c < p.max_chunks; c += p.dispatch_blocks) {
       const ChunkRange r = chunk_range(p, node, c);
       __syncwarp();  // lane 0 is done with the previous chunk's routes
       s.loader_routes.load(src.routes, r.first, r.last, lane, 32);
@@ -224,19 +228,41 @@ __device__ __forceinline__ void store_item(const DispatchParams& p, const Smem& 
   }
 }
 
+// Waits until this store warp's bulk stores are performed and visible to other processes, and
+// frees the stage they read.
+__device__ __forceinline__ void drain_stores(const Smem& s, int lane, int& pending_stage) {
+  if (lane == 0) {
+    ptx::bulk_wait<0>();
+    if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
+    ptx::fence_proxy_async_global();
+  }
+  pending_stage = -1;
+  __threadfence_system();
+}
+
+// Flag of chunk c of domain `node`, forwarded by this rank, in local rank j's buffer.
+__device__ __forceinline__ uint64_t* chunk_flag(const DispatchParams& p, int j, int node, int c) {
+  const DomainView& d = p.domain;
+  const size_t slot = sizeof(uint64_t) * (size_t(d.local_rank) * d.nodes * p.max_chunks +
+                                          size_t(node) * p.max_chunks + c);
+  return reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags + slot);
+}
+
 // Store warp `w`: consumes ring items w, w + kStoreWarps, ...; releases a stage once the bulk
 // stores that read it are done reading. The store pipe is drained once, after the block's
 // last chunk, and then every chunk of the block is signalled to every rank of the domain
-// (including ranks that got nothing from it): per-chunk drains left the pipe idle.
+// (including ranks that got nothing from it): per-chunk drains left the pipe idle. Fused with
+// permute, each chunk is drained and signalled at once instead, so that permuting starts early.
 __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int lane) {
   const DomainView& d = p.domain;
   const int thread = w * 32 + lane;
+  const bool signal_each_chunk = p.permute_blocks > 0;
   uint32_t item = 0;
   int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
   for (int step = 0; step < d.nodes; ++step) {
     const int node = domain_at(p, step);
     const RowSource src = row_source(p, node);
-    for (int c = blockIdx.x; c < p.max_chunks; c += gridDim.x) {
+    for (int c = blockIdx.x; c < p.max_chunks; c += p.dispatch_blocks) {
       const ChunkRange r = chunk_range(p, node, c);
       ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);  // done with the previous routes
       s.store_routes.load(src.routes, r.first, r.last, thread, 32 * kStoreWarps);
@@ -260,25 +286,26 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
         }
         pending_stage = stage;
       }
+      if (signal_each_chunk) {
+        drain_stores(s, lane, pending_stage);
+        ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
+        for (int j = thread; j < d.ranks; j += 32 * kStoreWarps) {
+          signal_flag(chunk_flag(p, j, node, c));
+        }
+      }
     }
   }
   // Make every write of the store warps visible, then signal this block's chunks.
-  if (lane == 0) {
-    ptx::bulk_wait<0>();
-    if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
-    ptx::fence_proxy_async_global();
-  }
-  __threadfence_system();
+  drain_stores(s, lane, pending_stage);
+  if (signal_each_chunk) return;
   ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
-  const int my_chunks = (p.max_chunks - int(blockIdx.x) + gridDim.x - 1) / gridDim.x;
-  const int per_rank = d.nodes * p.max_chunks;  // flags per forwarding rank
+  const int my_chunks =
+      (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
   for (int k = thread; k < my_chunks * d.nodes * d.ranks; k += 32 * kStoreWarps) {
     const int j = k % d.ranks;
     const int node = (k / d.ranks) % d.nodes;
-    const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * gridDim.x;
-    const size_t slot =
-        sizeof(uint64_t) * (size_t(d.local_rank) * per_rank + size_t(node) * p.max_chunks + c);
-    signal_flag(reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags + slot));
+    const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * p.dispatch_blocks;
+    signal_flag(chunk_flag(p, j, node, c));
   }
 }
 
@@ -292,9 +319,10 @@ __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, 
   const int channel = blockIdx.x % p.channels;
   const size_t tile = size_t(d.node_rank) * T;  // where this rank's tokens land at a peer
   const int others = d.nodes - 1;
-  const int my_chunks = (p.max_chunks - int(blockIdx.x) + gridDim.x - 1) / gridDim.x;
+  const int my_chunks =
+      (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
   for (int pair = w; pair < my_chunks * others; pair += kNetworkWarps) {
-    const int c = blockIdx.x + (pair / others) * gridDim.x;
+    const int c = blockIdx.x + (pair / others) * p.dispatch_blocks;
     const int first = min(c * p.chunk, T), last = min(first + p.chunk, T);
     const int k = pair % others;
     const int node = other_domain(k, d.node_rank);
@@ -319,12 +347,13 @@ __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, 
 // All threads: wait for every chunk this block receives (chunk c of every local rank).
 __device__ void wait_incoming(const DispatchParams& p) {
   const DomainView& d = p.domain;
-  const int my_chunks = (p.max_chunks - int(blockIdx.x) + gridDim.x - 1) / gridDim.x;
+  const int my_chunks =
+      (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
   const int per_rank = d.nodes * p.max_chunks;
   for (int k = threadIdx.x; k < my_chunks * d.nodes * d.ranks; k += blockDim.x) {
     const int source = k % d.ranks;
     const int node = (k / d.ranks) % d.nodes;
-    const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * gridDim.x;
+    const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * p.dispatch_blocks;
     const size_t slot = p.dispatch_flags + sizeof(uint64_t) * (size_t(source) * per_rank +
                                                                size_t(node) * p.max_chunks + c);
     if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot),
@@ -332,6 +361,20 @@ __device__ void wait_incoming(const DispatchParams& p) {
                    node * p.max_chunks + c)) {
       return;
     }
+  }
+}
+
+// A permute block of the fused grid: warp 0 loads, the store warps store, the network warps
+// (idle here) write the zero rows.
+__device__ void permute_block(const DispatchParams& p, const Smem& s, int block, int warp,
+                              int lane) {
+  const Ring ring{s.stages, s.full, s.empty, s.layout.stride, s.count};
+  if (warp == 0) {
+    permute_load_rows(p, ring, block, lane);
+  } else if (warp >= kFirstNetworkWarp) {
+    permute_zero_rows(p, block, warp - kFirstNetworkWarp, kNetworkWarps, lane);
+  } else {
+    permute_store_rows(p, ring, block, warp - 1, kStoreWarps, lane);
   }
 }
 
@@ -350,6 +393,10 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
     ptx::fence_barrier_init();
   }
   __syncthreads();
+  if (int(blockIdx.x) >= p.dispatch_blocks) {
+    permute_block(p, s, int(blockIdx.x) - p.dispatch_blocks, warp, lane);
+    return;
+  }
   if (warp == 0) {
     load_rows(p, s, lane);
   } else if (warp >= kFirstNetworkWarp) {
@@ -359,7 +406,17 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
     store_rows(p, s, warp - 1, lane);
   }
   __syncthreads();
-  wait_incoming(p);
+  if (p.permute_blocks == 0) wait_incoming(p);
+}
+
+// The fused permute's consumer counters: the permute blocks waited for target = counter + 1
+// of every incoming chunk flag without moving it (several blocks wait for one chunk).
+__global__ void advance_dispatch_expected(DispatchParams p) {
+  const DomainView& d = p.domain;
+  const int flags = d.ranks * d.nodes * p.max_chunks;
+  for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < flags; k += gridDim.x * blockDim.x) {
+    ++*d.expected_for(p.dispatch_flags + sizeof(uint64_t) * k);
+  }
 }
 
 bool aligned16(const void* ptr, int64_t stride_bytes) {
@@ -387,11 +444,15 @@ bool dispatch_side_data_by_tma(const DispatchParams& p) {
   return probs_ok && scales_ok;
 }
 
-void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream) {
+void launch_dispatch(const DispatchParams& p, cudaStream_t stream) {
   const size_t smem = Smem::bytes(p);
   allow_dynamic_smem(reinterpret_cast<const void*>(dispatch_kernel), smem);
-  dispatch_kernel<<<blocks, kThreads, smem, stream>>>(p);
+  dispatch_kernel<<<p.dispatch_blocks + p.permute_blocks, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+  if (p.permute_blocks > 0) {
+    advance_dispatch_expected<<<1, 256, 0, stream>>>(p);
+    HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace hybrid_ep

@@ -97,6 +97,23 @@ struct MetadataParams {
   int64_t* host_summary;           // host-mapped [2]: dispatched rows, largest token count
 };
 
+// dispatch_with_permute with fuse_permute_dispatch: blocks of the dispatch grid past its
+// dispatch blocks scatter every received chunk into the expert-major output as soon as the
+// chunk's flag says it is here (one TMA load per row, one bulk store per selected expert), and
+// write the zero rows (padding, tail) meanwhile. The outputs are those of the permute kernel.
+struct FusedPermuteParams {
+  const int32_t* chunk_layout;         // handle entry 5: [W*C + 1] first dispatch row per chunk
+  const int32_t* dense_to_expert_map;  // [rows, E]: permuted row, or -1
+  const int32_t* row_source;           // [P]: -1 where the output row is zero
+  int num_permuted;                    // P
+  int experts_per_rank;                // E
+  int local_prob_offset;               // local_rank * E: this rank's columns of the E*R probs
+  int slice;                           // dispatch rows per work item of a permute block
+  uint8_t* out;                        // [P, row_bytes]
+  float* out_probs;                    // [P] or null
+  float* out_scales;                   // [P, scale_cols] or null
+};
+
 // Forwarded tokens: with N domains the kernel forwards token i = n * T + t, token t of the peer
 // in domain n (its own tokens for n = node_rank), to the ranks of this domain.
 struct DispatchParams {
@@ -117,11 +134,14 @@ struct DispatchParams {
   int prob_col_offset;  // node_rank * E*R
   int experts_total;
   int scale_cols;
-  int chunk;         // tokens per chunk
-  int max_chunks;    // chunks per domain (every one is signalled each call)
-  int channels;      // transport channels: block b sends on channel b % channels
-  int stages;        // shared-memory ring depth
-  bool side_by_tma;  // probs/scales 16-byte aligned: carried through the TMA ring
+  int chunk;            // tokens per chunk
+  int max_chunks;       // chunks per domain (every one is signalled each call)
+  int channels;         // transport channels: block b sends on channel b % channels
+  int stages;           // shared-memory ring depth
+  bool side_by_tma;     // probs/scales 16-byte aligned: carried through the TMA ring
+  int dispatch_blocks;  // blocks that dispatch (chunk c is block c % dispatch_blocks's)
+  int permute_blocks;   // blocks after them that permute (fused); 0 for a plain dispatch
+  FusedPermuteParams permute;
   size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
   size_t net_rows, net_probs, net_scales, network_flags;
 };
@@ -262,7 +282,8 @@ void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stre
 void launch_restripe(const RestripeParams& p, cudaStream_t stream);
 void launch_combine_network(const CombineNetworkParams& p, int blocks, cudaStream_t stream);
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
-void launch_dispatch(const DispatchParams& p, int blocks, cudaStream_t stream);
+// p.dispatch_blocks + p.permute_blocks blocks; with permute blocks, then the counter advance.
+void launch_dispatch(const DispatchParams& p, cudaStream_t stream);
 void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream);
 void launch_permute_layout(const PermuteLayoutParams& p, int blocks, cudaStream_t stream);
 void launch_permute(const PermuteParams& p, int blocks, cudaStream_t stream);

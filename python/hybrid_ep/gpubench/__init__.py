@@ -24,8 +24,11 @@ Operations, each call with fresh random routing (top-k of uniform scores):
 ``dispatch bf16`` and ``dispatch fp8`` (handle of that dispatch), ``combine bf16`` (of the
 dispatched BF16 rows), and (unless ``--no-permute``) ``dispatch bf16 + permute``
 (``dispatch_with_permute``, fresh routing, pad_multiple 16; kernel time = dispatch_kernel +
-permute_kernel) and ``unpermute + combine`` (``combine_with_unpermute`` of its rows through the
-identity expert; unpermute_kernel + combine_kernel). The first warm-up call of each is checked
+permute_kernel), ``dispatch bf16 + fused permute`` (the same call with fuse_permute_dispatch:
+one dispatch_kernel grid whose extra blocks permute, ``--permute-blocks`` of them per rank;
+its outputs must equal the standalone ones) and ``unpermute + combine``
+(``combine_with_unpermute`` of its rows through the identity expert; unpermute_kernel +
+combine_kernel). The first warm-up call of each is checked
 bit for bit against an independent oracle (:mod:`hybrid_ep.oracle`, on the GPU: every rank
 regenerates every rank's inputs from their seeds and gathers their routing; the permute pair by
 its round trip: each token comes back as BF16(row x experts selected), its probs unchanged), so

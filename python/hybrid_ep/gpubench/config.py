@@ -17,10 +17,13 @@ OPS = {
     "dispatch_fp8": ("dispatch fp8", "dispatch_kernel", "fp8"),
     "combine_bf16": ("combine bf16", "combine_kernel", "bf16"),
     "dispatch_permute": ("dispatch bf16 + permute", "dispatch_kernel", "bf16"),
+    "dispatch_fused": ("dispatch bf16 + fused permute", "dispatch_kernel", "bf16"),
     "combine_unpermute": ("unpermute + combine", "combine_kernel", "bf16"),
 }
 PAIRED_KERNELS = {"dispatch_permute": "permute_kernel", "combine_unpermute": "unpermute_kernel"}
-PERMUTE_OPS = tuple(PAIRED_KERNELS)
+# fuse_permute_dispatch: one kernel, the dispatch grid with permute blocks (RunSpec.permute_blocks).
+FUSED_OP = "dispatch_fused"
+PERMUTE_OPS = (*PAIRED_KERNELS, FUSED_OP)
 PAD_MULTIPLE = 16  # the permute path's pad_multiple
 PREPROCESS_KERNELS = ("allgather_kernel", "dest_mask_kernel", "scan_kernel")
 
@@ -40,6 +43,9 @@ class GpuBenchConfig:
     warmup: int = 3
     fp8: bool = True
     permute: bool = True  # also the dispatch_with_permute / combine_with_unpermute pair
+    # Permute blocks of the fused dispatch per rank; None: what an even split of the GPU's SMs
+    # among the ranks sharing it leaves besides the dispatch SMs (0: no fused op).
+    permute_blocks: int | None = None
     seed: int = 0
     label: str = ""
     # Ranks sharing a GPU get an MPS share of SMs slightly above their SMs per rank, so that
@@ -64,6 +70,7 @@ class RunSpec:
     roofline_gbps: float | None = None
     sm_percentage: int | None = None
     gpu_sm_count: int | None = None
+    permute_blocks: int = 0  # of the fused dispatch (num_blocks_permute); 0: not run
 
 
 @dataclass

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from .. import oracle
 from .ceiling import measure_ceilings
 from .config import (
+    FUSED_OP,
     OPS,
     PAD_MULTIPLE,
     PAIRED_KERNELS,
@@ -43,6 +44,7 @@ class _Rank:
             self.group, cfg.hidden, cfg.tokens, cfg.experts_per_rank, use_fp8=cfg.fp8,
             num_sms_dispatch_api=spec.sms, num_sms_combine_api=spec.sms,
             num_sms_preprocessing_api=min(spec.sms, 16),
+            num_blocks_permute=spec.permute_blocks or None,
             num_of_hybrid_ep_ranks_per_nvlink_domain=spec.ranks)
 
     def step(self, step: int, timer):
@@ -67,6 +69,10 @@ class _Rank:
             out["perm"] = timer("dispatch_permute", lambda: buf.dispatch_with_permute(
                 hidden=x, probs=probs, routing_map=routing_map, pad_multiple=PAD_MULTIPLE))
             perm = out["perm"]
+            if self.spec.permute_blocks:
+                out["fused"] = timer(FUSED_OP, lambda: buf.dispatch_with_permute(
+                    hidden=x, probs=probs, routing_map=routing_map, pad_multiple=PAD_MULTIPLE,
+                    fuse_permute_dispatch=True))
             out["unperm"] = timer("combine_unpermute", lambda: buf.combine_with_unpermute(
                 hidden=perm[0], probs=perm[1], handle=perm[4], pad_multiple=PAD_MULTIPLE))
             out["permuted"] = int(perm[0].shape[0])
@@ -114,7 +120,12 @@ class _Rank:
             got_rows, got_probs = out["unperm"]
             oracle.assert_same("permute round trip: rows", got_rows, want_rows)
             oracle.assert_same("permute round trip: probs", got_probs, out["probs"])
-            checked += [OPS[op][0] for op in PERMUTE_OPS]
+            checked += [OPS[op][0] for op in PAIRED_KERNELS]
+            if "fused" in out:  # the fused grid's outputs are the standalone kernels'
+                for i, what in ((0, "rows"), (1, "probs"), (3, "tokens_per_expert")):
+                    oracle.assert_same(f"fused permute: {what}", out["fused"][i].cpu(),
+                                       out["perm"][i].cpu())
+                checked.append(OPS[FUSED_OP][0])
         del everyone, want
         torch.cuda.empty_cache()
         return checked
@@ -143,7 +154,8 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
 
     bench = _Rank(cfg, spec, rank)
     ops = [op for op in OPS
-           if (cfg.fp8 or op != "dispatch_fp8") and (cfg.permute or op not in PERMUTE_OPS)]
+           if (cfg.fp8 or op != "dispatch_fp8") and (cfg.permute or op not in PERMUTE_OPS)
+           and (spec.permute_blocks or op != FUSED_OP)]
 
     # Pass 1: API times (no profiler), the first warm-up verified.
     result.api_s = {op: [] for op in ops}
@@ -188,7 +200,8 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
             prof.export_chrome_trace(path)
             kernels = kernel_events(path)
         _assign_kernels(result, kernels, ops, steps, cfg.iters,
-                        preprocess_per_step=2 if cfg.permute else 1)
+                        preprocess_per_step=(1 + (FUSED_OP in ops)
+                                             + ("dispatch_permute" in ops)))
     except Exception as error:  # noqa: BLE001 - report API numbers even without a profiler
         result.profiler_note = f"profiler failed: {type(error).__name__}: {error}"
 
@@ -244,9 +257,14 @@ def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> tuple[RunSpec, list[dict]]:
     results."""
     percentage = roofline = None
     gpus = torch.cuda.device_count()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sharing = -(-spec.ranks // gpus)
+    blocks = cfg.permute_blocks
+    if blocks is None:  # an even split of the GPU, less the dispatch SMs and MPS's spare one
+        blocks = max(0, sms // sharing - spec.sms - (1 if sharing > 1 else 0))
+    spec = replace(spec, permute_blocks=blocks if cfg.permute else 0)
     if cfg.mps_partition and spec.ranks > gpus:
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        percentage = min(100, math.ceil(100 * (spec.sms + 1) / sms))
+        percentage = min(100, math.ceil(100 * (spec.sms + spec.permute_blocks + 1) / sms))
         roofline = measure_roofline() / 1e9
         spec = replace(spec, sm_percentage=percentage, roofline_gbps=roofline,
                        gpu_sm_count=sms)

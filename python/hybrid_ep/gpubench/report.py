@@ -84,14 +84,15 @@ def format_regime(cfg: GpuBenchConfig, env: dict, regime: str, runs: list[dict])
         lines += [f"- {run['ranks']} rank(s): {note}" for note in run["notes"]]
     lines += [
         ("- kernel: device time of dispatch_kernel / combine_kernel (+ permute_kernel / "
-         "unpermute_kernel for the permute pair; torch.profiler, separate pass); API: whole "
-         "Python call after a host barrier, to torch.cuda.synchronize()."),
+         "unpermute_kernel for the permute pair; 'dispatch bf16 + fused permute' is the one "
+         "dispatch_kernel grid with its permute blocks; torch.profiler, separate pass); API: "
+         "whole Python call after a host barrier, to torch.cuda.synchronize()."),
         ("- HBM traffic/SM: bytes the kernels must read and write once (rows, probs, FP8 "
          "scales) / kernel time, summed over the ranks on a GPU, / (SMs per rank x ranks on "
          "it); roofline fraction: that sum / the HBM roofline."),
         ("- allowance: kernel time + one pass over the output (read + write, all ranks on the "
-         "GPU) at the roofline + 30 us; 'dispatch bf16 + preprocess' and 'dispatch bf16 + "
-         "permute' also count their preprocessing kernels as kernel time."),
+         "GPU) at the roofline + 30 us; 'dispatch bf16 + preprocess' and the two 'dispatch "
+         "bf16 + ... permute' ops also count their preprocessing kernels as kernel time."),
     ]
     if ceiling_cols:
         lines += ["",

@@ -31,7 +31,7 @@ def _bytes(cfg: GpuBenchConfig, ranks: int, op: str, rows: float, copies: float,
     if op == "combine_unpermute":
         unpermute = permuted * (2 * H + 4) + rows * (4 * H + 4 * E)
         return {"moved": unpermute + copies * (4 * H + 4 * E) + combined, "output": combined}
-    if op == "dispatch_permute":
+    if op in ("dispatch_permute", "dispatch_fused"):
         row = 2 * H + 4 * prob_cols
         moved = T * row + copies * row + rows * row + permuted * (2 * H + 4)
         return {"moved": moved, "output": permuted * (2 * H + 4)}
@@ -81,7 +81,8 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
             perm_k = _mean(r.get("kernel_permuted", [])) if r.get("kernel_permuted") else perm_api
             b_k = _bytes(cfg, spec.ranks, op, rows_k, copies_k, perm_k)
             b_api = _bytes(cfg, spec.ranks, op, rows_api, copies_api, perm_api)
-            fresh = op in ("dispatch_pre", "dispatch_permute")  # preprocessing in the call
+            # preprocessing in the call
+            fresh = op in ("dispatch_pre", "dispatch_permute", "dispatch_fused")
             extra = (r["preprocess_kernels_s"] or 0.0) if fresh else 0.0
             per_rank.append({
                 "rank": r["rank"], "device": r["device"], "api_s": api, "kernel_s": kern,
@@ -132,8 +133,13 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
     notes = sorted({r["profiler_note"] for r in ranks if r["profiler_note"]})
     if spec.sm_percentage is not None:
         notes.append(f"ranks ran with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={spec.sm_percentage} "
-                     "(an MPS share of SMs just above their SMs per rank, as separate GPUs would "
-                     "have); the roofline was measured before, without that limit")
+                     "(an MPS share of SMs just above their SMs per rank and fused permute "
+                     "blocks, as separate GPUs would have); the roofline was measured before, "
+                     "without that limit")
+    if spec.permute_blocks:
+        notes.append(f"'dispatch bf16 + fused permute': {spec.sms} dispatch blocks + "
+                     f"{spec.permute_blocks} permute blocks per rank (its traffic per SM still "
+                     "divides by the dispatch SMs only)")
     return {"regime": spec.regime, "ranks": spec.ranks, "sms_per_rank": spec.sms,
             "gpus": len(on_gpu), "gpu": ranks[0]["gpu"], "sm_count": ranks[0]["sm_count"],
             "roofline_gbps": _mean(list(roofline.values())),

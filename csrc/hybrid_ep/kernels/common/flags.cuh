@@ -32,14 +32,12 @@ __device__ __forceinline__ void report_timeout(DeviceStatus* status, uint32_t* a
   }
 }
 
-// Waits until *flag >= ++(*expected). Returns false (after reporting) on timeout, or at once
-// when another wait already failed (the abort word lives in device memory: cheap to poll,
-// unlike the host-mapped status).
-__device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t* expected,
-                                          uint64_t timeout_ns, DeviceStatus* status,
-                                          uint32_t* abort, WaitSite site, int peer, int slot) {
-  const uint64_t target = *expected + 1;
-  *expected = target;
+// Waits until *flag >= target. Returns false (after reporting) on timeout, or at once when
+// another wait already failed (the abort word lives in device memory: cheap to poll, unlike
+// the host-mapped status).
+__device__ __forceinline__ bool wait_until(const uint64_t* flag, uint64_t target,
+                                           uint64_t timeout_ns, DeviceStatus* status,
+                                           uint32_t* abort, WaitSite site, int peer, int slot) {
   uint64_t seen = ptx::load_acquire_sys(flag);
   if (seen >= target) return true;
   const uint64_t start = ptx::global_timer_ns();
@@ -53,6 +51,15 @@ __device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t* expect
     }
     __nanosleep(64);
   }
+}
+
+// The single consumer's wait: advances its expected value, then waits until *flag reaches it.
+__device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t* expected,
+                                          uint64_t timeout_ns, DeviceStatus* status,
+                                          uint32_t* abort, WaitSite site, int peer, int slot) {
+  const uint64_t target = *expected + 1;
+  *expected = target;
+  return wait_until(flag, target, timeout_ns, status, abort, site, peer, slot);
 }
 
 }  // namespace hybrid_ep

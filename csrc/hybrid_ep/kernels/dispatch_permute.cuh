@@ -1,0 +1,184 @@
+// The permute role of the fused dispatch_with_permute (fuse_permute_dispatch): blocks of the
+// dispatch grid past its dispatch blocks turn received chunks into expert-major rows while the
+// dispatch blocks are still sending.
+//   work item   : `slice` dispatch rows of one (source rank, chunk); item q belongs to permute
+//                 block q % permute_blocks. Items are ordered as chunks complete: this domain's
+//                 sources first, then chunk, then source, then slice.
+//   loader warp : lane 0 waits for the chunk's flag, then TMA-loads each row that has an expert
+//                 slot into the shared-memory ring;
+//   store warps : one bulk store per selected expert from the ring stage; lanes copy the row's
+//                 prob for that expert and its FP8 scales;
+//   zero warps  : the output rows that hold no data (padding, the tail past the data).
+// The flags are the dispatch's: this kernel only reads the consumer counters (several blocks
+// wait for one chunk), and advance_dispatch_expected moves them on after the kernel.
+#pragma once
+
+#include "hybrid_ep/kernels/common/flags.cuh"
+#include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/params.h"
+
+namespace hybrid_ep {
+
+// The shared-memory ring of one block: stages guarded by full/empty mbarriers.
+struct Ring {
+  uint8_t* stages;
+  uint64_t* full;
+  uint64_t* empty;
+  int stride;
+  int count;
+  __device__ uint8_t* stage(int s) const { return stages + size_t(s) * stride; }
+};
+
+struct PermuteItem {
+  int source_rank;  // local rank that forwarded the chunk
+  int node;         // domain the chunk's tokens come from
+  int chunk;
+  int first, last;  // dispatch rows
+};
+
+__device__ __forceinline__ int permute_items(const DispatchParams& p) {
+  const int slices = (p.chunk + p.permute.slice - 1) / p.permute.slice;
+  return p.domain.nodes * p.max_chunks * p.domain.ranks * slices;
+}
+
+__device__ __forceinline__ PermuteItem permute_item(const DispatchParams& p, int q) {
+  const DomainView& d = p.domain;
+  const int slices = (p.chunk + p.permute.slice - 1) / p.permute.slice;
+  PermuteItem it;
+  const int k = q % slices;
+  it.source_rank = (q / slices) % d.ranks;
+  it.chunk = (q / (slices * d.ranks)) % p.max_chunks;
+  it.node = (d.node_rank + q / (slices * d.ranks * p.max_chunks)) % d.nodes;
+  const int source = it.node * d.ranks + it.source_rank;
+  const int begin = p.permute.chunk_layout[int64_t(source) * p.max_chunks + it.chunk];
+  const int end = p.permute.chunk_layout[int64_t(source) * p.max_chunks + it.chunk + 1];
+  it.first = min(begin + k * p.permute.slice, end);
+  it.last = min(it.first + p.permute.slice, end);
+  return it;
+}
+
+__device__ __forceinline__ bool has_expert_slot(const DispatchParams& p, int row) {
+  const int32_t* slots = p.permute.dense_to_expert_map + int64_t(row) * p.permute.experts_per_rank;
+  for (int e = 0; e < p.permute.experts_per_rank; ++e) {
+    if (slots[e] >= 0) return true;
+  }
+  return false;
+}
+
+// Lane 0 of the loader: whether the item's chunk has arrived. Read-only on the counters.
+__device__ __forceinline__ bool permute_chunk_arrived(const DispatchParams& p,
+                                                      const PermuteItem& it) {
+  const DomainView& d = p.domain;
+  const size_t slot =
+      p.dispatch_flags + sizeof(uint64_t) * (size_t(it.source_rank) * d.nodes * p.max_chunks +
+                                             size_t(it.node) * p.max_chunks + it.chunk);
+  const bool ok =
+      wait_until(reinterpret_cast<const uint64_t*>(d.self() + slot), *d.expected_for(slot) + 1,
+                 d.timeout_ns, d.status, d.abort, WaitSite::kDispatchChunk, it.source_rank,
+                 it.node * p.max_chunks + it.chunk);
+  ptx::fence_proxy_async_global();  // the TMA loads below read what the flag published
+  return ok;
+}
+
+__device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int block, int lane) {
+  if (lane != 0) return;
+  const uint8_t* rows = p.domain.self() + p.dispatch_rows;
+  uint32_t item = 0;
+  for (int q = block; q < permute_items(p); q += p.permute_blocks) {
+    const PermuteItem it = permute_item(p, q);
+    if (it.first >= it.last) continue;
+    const bool arrived = permute_chunk_arrived(p, it);
+    for (int i = it.first; i < it.last; ++i) {
+      if (!has_expert_slot(p, i)) continue;
+      const int stage = item % ring.count;
+      ptx::mbar_wait(&ring.empty[stage], ((item / ring.count) & 1) ^ 1);
+      ++item;
+      if (!arrived) {  // pass the item on unloaded so that the store warps finish
+        ptx::mbar_arrive(&ring.full[stage]);
+        continue;
+      }
+      ptx::mbar_arrive_expect_tx(&ring.full[stage], p.row_bytes);
+      ptx::bulk_load(ring.stage(stage), rows + int64_t(i) * p.row_bytes, p.row_bytes,
+                     &ring.full[stage]);
+    }
+  }
+}
+
+// Store warp `w` of `warps`: ring items w, w + warps, ...
+__device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, int block, int w,
+                                   int warps, int lane) {
+  const uint8_t* self = p.domain.self();
+  const float* probs = p.permute.out_probs != nullptr
+                           ? reinterpret_cast<const float*>(self + p.dispatch_probs)
+                           : nullptr;
+  const float* scales = p.permute.out_scales != nullptr
+                            ? reinterpret_cast<const float*>(self + p.dispatch_scales)
+                            : nullptr;
+  const int E = p.permute.experts_per_rank;
+  uint32_t item = 0;
+  int pending_stage = -1;
+  for (int q = block; q < permute_items(p); q += p.permute_blocks) {
+    const PermuteItem it = permute_item(p, q);
+    for (int i = it.first; i < it.last; ++i) {
+      if (!has_expert_slot(p, i)) continue;
+      const uint32_t mine = item++;
+      if (int(mine % warps) != w) continue;
+      const int stage = mine % ring.count;
+      ptx::mbar_wait(&ring.full[stage], (mine / ring.count) & 1);
+      const int32_t* slots = p.permute.dense_to_expert_map + int64_t(i) * E;
+      for (int e = 0; e < E; ++e) {
+        const int o = slots[e];
+        if (o < 0) continue;
+        if (lane == 0) {
+          ptx::bulk_store(p.permute.out + int64_t(o) * p.row_bytes, ring.stage(stage), p.row_bytes);
+        }
+        if (probs != nullptr && lane == 0) {
+          p.permute.out_probs[o] =
+              probs[int64_t(i) * p.prob_cols + p.permute.local_prob_offset + e];
+        }
+        if (scales != nullptr) {
+          for (int k = lane; k < p.scale_cols; k += 32) {
+            p.permute.out_scales[int64_t(o) * p.scale_cols + k] =
+                scales[int64_t(i) * p.scale_cols + k];
+          }
+        }
+      }
+      if (lane == 0) {
+        ptx::bulk_commit();
+        ptx::bulk_wait_read<1>();  // the previous item's stores no longer read its stage
+        if (pending_stage >= 0) ptx::mbar_arrive(&ring.empty[pending_stage]);
+      }
+      pending_stage = stage;
+    }
+  }
+  if (lane == 0) {
+    ptx::bulk_wait<0>();
+    if (pending_stage >= 0) ptx::mbar_arrive(&ring.empty[pending_stage]);
+  }
+}
+
+// Zero warp `w` of `warps` in this block: output rows whose row_source is -1, 32 candidates
+// per step (one per lane), each found row zeroed by the whole warp.
+__device__ void permute_zero_rows(const DispatchParams& p, int block, int w, int warps, int lane) {
+  const int P = p.permute.num_permuted;
+  const int vectors = p.row_bytes / 16;
+  const int all_warps = p.permute_blocks * warps;
+  for (int base = (block * warps + w) * 32; base < P; base += all_warps * 32) {
+    const int o = base + lane;
+    uint32_t zero = __ballot_sync(~0u, o < P && p.permute.row_source[o] < 0);
+    while (zero != 0) {
+      const int z = base + __ffs(zero) - 1;
+      zero &= zero - 1;
+      uint4* row = reinterpret_cast<uint4*>(p.permute.out + int64_t(z) * p.row_bytes);
+      for (int v = lane; v < vectors; v += 32) row[v] = make_uint4(0, 0, 0, 0);
+      if (p.permute.out_probs != nullptr && lane == 0) p.permute.out_probs[z] = 0.f;
+      if (p.permute.out_scales != nullptr) {
+        for (int k = lane; k < p.scale_cols; k += 32) {
+          p.permute.out_scales[int64_t(z) * p.scale_cols + k] = 0.f;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace hybrid_ep
