@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/transport/device_state.h"
 #include "hybrid_ep/transport/transport.h"
 #include "session.h"
 #include "status.h"
@@ -94,9 +95,7 @@ TransportHost::TransportHost(const TransportSetup& setup)
     direct_ = direct->second == "1";
   }
   counters_ = allocate_counters(channels_);
-  HYBRID_EP_CUDA_CHECK(
-      cudaMalloc(reinterpret_cast<void**>(&mapped_), sizeof(uint8_t*) * size_t(nodes_)));
-  HYBRID_EP_CUDA_CHECK(cudaMemset(mapped_, 0, sizeof(uint8_t*) * size_t(nodes_)));
+  mapped_ = device_zeros<uint8_t*>(size_t(nodes_));
 }
 
 TransportHost::~TransportHost() {
