@@ -1,6 +1,7 @@
 """The nvshmem build's start-up in Python, without NVSHMEM: the NVSHMEM_* defaults (computed
-from the group's hosts, applied without overriding a user's value) and the unique-id exchange,
-where a failure on any rank raises on every rank."""
+from the group's hosts, applied without overriding a user's value), the unique-id exchange,
+where a failure on any rank raises on every rank, and the direct-store option
+(HYBRID_EP_NVSHMEM_DIRECT)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,34 @@ def test_other_builds_and_single_domains_exchange_nothing(monkeypatch, transport
     rc = _Rc()
     rc.nodes = nodes
     assert transport_bootstrap.group_options(_FakeC(transport), None, 0, rc) == {}
+
+
+# The direct-store option (backends/nvshmem: option nvshmem_direct): from
+# HYBRID_EP_NVSHMEM_DIRECT, default on, only with several domains; the CUDA engine merges it with
+# group_options' unique id, so the two must not share a key.
+@pytest.mark.parametrize("value,want", [(None, "1"), ("1", "1"), ("0", "0")])
+def test_runtime_options_carry_nvshmem_direct_from_the_env(monkeypatch, value, want):
+    if value is None:
+        monkeypatch.delenv("HYBRID_EP_NVSHMEM_DIRECT", raising=False)
+    else:
+        monkeypatch.setenv("HYBRID_EP_NVSHMEM_DIRECT", value)
+    env = EnvSettings.read()
+    assert transport_options.runtime_options("nvshmem", 2, env, None, None) == {
+        "nvshmem_direct": want}
+    assert transport_options.runtime_options("nvshmem", 1, env, None, None) == {}
+    assert transport_options.direct_options("nvshmem", 1, env) == {}
+    assert transport_options.direct_options("p2p", 2, env) == {}
+
+
+def test_a_bad_nvshmem_direct_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("HYBRID_EP_NVSHMEM_DIRECT", "yes please")
+    with pytest.raises(ValueError, match="HYBRID_EP_NVSHMEM_DIRECT"):
+        EnvSettings.read()
+
+
+def test_the_engine_keeps_both_the_direct_option_and_the_unique_id(monkeypatch):
+    monkeypatch.setenv("HYBRID_EP_NVSHMEM_DIRECT", "0")
+    direct = transport_options.runtime_options("nvshmem", 2, EnvSettings.read(), None, None)
+    unique = _run_group(monkeypatch, [_FakeC()] * 2, ["h"] * 2)[0]
+    assert not direct.keys() & unique.keys()
+    assert {**direct, **unique} == {"nvshmem_direct": "0", "unique_id": bytes(range(128)).hex()}

@@ -195,6 +195,11 @@ std::shared_ptr<Session> Session::join(int rank, int world, const std::string& u
   return session;
 }
 
+std::shared_ptr<Session> Session::live() {
+  std::lock_guard<std::mutex> lock(session_mutex());
+  return current().lock();
+}
+
 uint8_t* Session::allocate(size_t bytes) const {
   void* base = nvshmem_malloc(bytes);
   if (base == nullptr) {
@@ -210,8 +215,12 @@ uint8_t* Session::allocate(size_t bytes) const {
 
 void Session::free(uint8_t* base) const { nvshmem_free(base); }
 
+uint8_t* Session::mapped_address(uint8_t* base, int pe) const {
+  return static_cast<uint8_t*>(nvshmem_ptr(base, pe));
+}
+
 uint8_t* Session::peer_address(uint8_t* base, int pe, const std::string& who) const {
-  void* address = nvshmem_ptr(base, pe);
+  uint8_t* address = mapped_address(base, pe);
   if (address == nullptr) {
     throw TransportUnavailable(
         "nvshmem transport: nvshmem_ptr gives no load/store address of " + who + " (PE " +
@@ -219,7 +228,7 @@ uint8_t* Session::peer_address(uint8_t* base, int pe, const std::string& who) co
         "): NVSHMEM does not map its heap over P2P/NVLink between these processes, which the "
         "NVLink domain needs. Rerun with NVSHMEM_DEBUG=INFO for NVSHMEM's own log.");
   }
-  return static_cast<uint8_t*>(address);
+  return address;
 }
 
 }  // namespace hybrid_ep::nvshmem

@@ -32,6 +32,8 @@ class Session {
   // initialises NVSHMEM from `unique_id` (rank 0's make_unique_id()). Throws
   // TransportUnavailable, also when an earlier buffer of this process used another group.
   static std::shared_ptr<Session> join(int rank, int world, const std::string& unique_id);
+  // The session a buffer of this process holds, or null when none does.
+  static std::shared_ptr<Session> live();
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -42,6 +44,9 @@ class Session {
   // PE `pe`'s copy of the symmetric `base`, mapped for loads and stores from this GPU; throws
   // naming `who` when NVSHMEM cannot map it (another host, or no P2P path).
   uint8_t* peer_address(uint8_t* base, int pe, const std::string& who) const;
+  // The same address, or null where NVSHMEM does not map PE `pe`'s heap here (another host,
+  // or no P2P path): then NVSHMEM's own puts reach it.
+  uint8_t* mapped_address(uint8_t* base, int pe) const;
 
   Session(int rank, int world) : rank_(rank), world_(world) {}
 

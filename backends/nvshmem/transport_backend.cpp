@@ -2,10 +2,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/transport/device_state.h"
 #include "hybrid_ep/transport/transport.h"
 #include "session.h"
 #include "status.h"
@@ -82,10 +86,20 @@ TransportHost::TransportHost(const TransportSetup& setup)
         "nvshmem transport: the registered buffer must come from "
         "make_registered (a symmetric allocation)");
   }
+  const auto direct = setup.options.find("nvshmem_direct");
+  if (direct != setup.options.end()) {
+    if (direct->second != "0" && direct->second != "1") {
+      throw std::invalid_argument("nvshmem transport: option nvshmem_direct='" + direct->second +
+                                  "', expected 0 or 1");
+    }
+    direct_ = direct->second == "1";
+  }
   counters_ = allocate_counters(channels_);
+  mapped_ = device_zeros<uint8_t*>(size_t(nodes_));
 }
 
 TransportHost::~TransportHost() {
+  cudaFree(mapped_);
   if (counters_ != nullptr) cudaFree(counters_);
 }
 
@@ -95,13 +109,33 @@ void TransportHost::connect(const std::vector<std::string>& blobs) {
                                 " bootstrap blobs (one per domain), got " +
                                 std::to_string(blobs.size()));
   }
+  connected_ = false;
+  // nvshmem_ptr of each other domain's peer: where NVSHMEM maps its heap (P2P/NVLink) the
+  // kernels store into it themselves (transport_backend.cuh says why); null entries (another
+  // host, or no P2P path) keep NVSHMEM's puts. Null is no error here, unlike the NVLink
+  // domain's peer_address.
+  std::vector<uint8_t*> mapped(size_t(nodes_), nullptr);
+  if (nodes_ > 1 && direct_) {
+    const std::shared_ptr<nvshmem::Session> session = nvshmem::Session::live();
+    if (!session) {
+      throw std::logic_error(
+          "nvshmem transport connect: no NVSHMEM session (the registered buffer must come "
+          "from make_registered)");
+    }
+    for (int n = 0; n < nodes_; ++n) {
+      if (n == node_rank_) continue;
+      mapped[n] = session->mapped_address(registered_->local(), n * ranks_ + local_rank_);
+    }
+  }
+  HYBRID_EP_CUDA_CHECK(
+      cudaMemcpy(mapped_, mapped.data(), sizeof(uint8_t*) * mapped.size(), cudaMemcpyHostToDevice));
   connected_ = true;
 }
 
 TransportContext TransportHost::context() const {
   if (!connected_) throw std::logic_error("transport: connect() first");
-  return TransportContext{registered_->local(), counters_, nodes_, node_rank_, channels_, ranks_,
-                          local_rank_};
+  return TransportContext{registered_->local(), mapped_,   counters_, nodes_,
+                          node_rank_,           channels_, ranks_,    local_rank_};
 }
 
 std::vector<ChannelCounters> TransportHost::counters() const {

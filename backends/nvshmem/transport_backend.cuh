@@ -5,10 +5,16 @@
 // to the same PE without it. A flush is nvshmem_quiet: it returns once this thread's puts are
 // complete, so their sources may be reused. Counters count exactly as the p2p backend does.
 // Waits stay plain acquire loads of local memory (kernels/common/flags.cuh).
+// Where NVSHMEM maps the peer's heap into this process (ctx.mapped: P2P/NVLink), a put is our
+// warp copy into it and a signal a system-scope release add, as with p2p and nixl's cuda_ipc
+// peers: nvshmemx_putmem_nbi_warp over P2P made a 2x2 dispatch take 2545 us against p2p's
+// 1376 us (benchmarks/results/2026-11-29-nvshmem.md). The flush's nvshmem_quiet stays: it
+// costs little there and completes the NIC path's puts.
 #pragma once
 
 #include <cstdint>
 
+#include "hybrid_ep/transport/warp_copy.cuh"
 #include "nvshmem.h"
 #include "nvshmemx.h"
 #include "transport_backend.h"
@@ -22,7 +28,11 @@ struct TransportDevice {
 
   __device__ static void put(const TransportContext& ctx, int channel, int node,
                              size_t remote_offset, const void* src, size_t bytes, int lane) {
-    nvshmemx_putmem_nbi_warp(ctx.base + remote_offset, src, bytes, pe(ctx, node));
+    if (uint8_t* mapped = ctx.mapped[node]) {
+      warp_copy(mapped + remote_offset, src, bytes, lane);
+    } else {
+      nvshmemx_putmem_nbi_warp(ctx.base + remote_offset, src, bytes, pe(ctx, node));
+    }
     if (lane == 0) {
       atomicAdd(&ctx.counters[channel].puts, 1ull);
       atomicAdd(&ctx.counters[channel].bytes, static_cast<unsigned long long>(bytes));
@@ -31,6 +41,14 @@ struct TransportDevice {
 
   __device__ static void signal(const TransportContext& ctx, int channel, int node,
                                 size_t flag_offset, uint64_t value, int lane) {
+    if (uint8_t* mapped = ctx.mapped[node]) {
+      // Orders this warp's stores (every lane's) before the add; a mapped peer got no
+      // NVSHMEM put, so there is nothing for nvshmem_fence to order.
+      mapped_signal(reinterpret_cast<uint64_t*>(mapped + flag_offset), value, lane);
+      if (lane == 0) atomicAdd(&ctx.counters[channel].signals, 1ull);
+      __syncwarp();
+      return;
+    }
     __syncwarp();  // every lane's part of the earlier puts is issued before lane 0 fences
     if (lane == 0) {
       nvshmem_fence();

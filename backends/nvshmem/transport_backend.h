@@ -5,6 +5,8 @@
 // nvshmem_ptr instead of CUDA IPC. With one domain NVSHMEM is never touched: the buffer is the
 // p2p build's IPC buffer and there is nothing to connect. Channels only separate the counters
 // here (NVSHMEM maps blocks to its queue pairs itself, NVSHMEM_IBGDA_RC_MAP_BY).
+// Where NVSHMEM maps a peer's heap into this process (nvshmem_ptr: P2P/NVLink), connect()
+// records the address and puts to that peer are our warp's stores (option nvshmem_direct).
 #pragma once
 
 #include <cstddef>
@@ -24,7 +26,11 @@ class Session;
 }
 
 struct TransportContext {
-  uint8_t* base;              // this rank's registered buffer: a symmetric address
+  uint8_t* base;  // this rank's registered buffer: a symmetric address
+  // device array [nodes]: the peer's registered buffer where NVSHMEM maps it into this
+  // process (nvshmem_ptr), else null (another host; our own domain); puts to a mapped peer
+  // are our warp's stores. All null with HYBRID_EP_NVSHMEM_DIRECT=0.
+  uint8_t* const* mapped;
   ChannelCounters* counters;  // device array [channels]
   int nodes;
   int node_rank;
@@ -66,6 +72,8 @@ class TransportHost {
   const SymmetricBuffer* registered_;
   int nodes_, node_rank_, channels_, ranks_, local_rank_;
   ChannelCounters* counters_ = nullptr;
+  uint8_t** mapped_ = nullptr;  // device
+  bool direct_ = true;          // options["nvshmem_direct"]: store into the peers NVSHMEM maps
   bool connected_ = false;
 };
 

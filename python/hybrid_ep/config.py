@@ -45,6 +45,9 @@ ENV_VARS = (
            "nixl build: 1 gives each rank's NIXL agent a UCX progress thread (needed only for "
            "host-posted transfers to it); 0 none: the GPU data path needs none, and the threads "
            "took CPU from the ranks"),
+    EnvVar("HYBRID_EP_NVSHMEM_DIRECT", "1",
+           "nvshmem build: 1 stores directly into the peers NVSHMEM maps into the process "
+           "(nvshmem_ptr: P2P/NVLink); 0 sends every put through nvshmemx_putmem_nbi_warp"),
     EnvVar("NIXL_ETCD_ENDPOINTS", "unset",
            "comma-separated http(s)://host:port list; set: NIXL metadata goes through etcd"),
     EnvVar("HYBRID_EP_NIC_MAPPING", "auto",
@@ -272,6 +275,7 @@ class EnvSettings:
     doca_qp_depth: int | None = None  # None: the buffer's worst case
     nixl_direct: bool = True
     nixl_progress_thread: bool = False
+    nvshmem_direct: bool = True
 
 
     @staticmethod
@@ -299,6 +303,7 @@ class EnvSettings:
             doca_qp_depth=qp_depth_from_env(),
             nixl_direct=env_bool("HYBRID_EP_NIXL_DIRECT", True),
             nixl_progress_thread=env_bool("HYBRID_EP_NIXL_PROGRESS_THREAD", False),
+            nvshmem_direct=env_bool("HYBRID_EP_NVSHMEM_DIRECT", True),
         )
 
 

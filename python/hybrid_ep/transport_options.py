@@ -1,7 +1,7 @@
 """The network transport's settings, resolved once here and handed to the C++ backend as
 ``RuntimeConfig.transport_options`` (strings): the one place that parses, checks and computes
-them. Only the doca and nixl builds use any, and only when the group spans several NVLink
-domains.
+them. Only the doca, nixl and nvshmem builds use any, and only when the group spans several
+NVLink domains.
 
 Queue depth (doca): a warp's puts to a peer stay unrung on the queue pair until that chunk's
 signal rings one doorbell, so every warp sharing a queue pair may hold a whole chunk's work
@@ -102,12 +102,26 @@ def doca_options(
     }
 
 
-def runtime_options(transport: str, nodes: int, env, config, device) -> dict[str, str]:
-    """Options for this build's transport: none for p2p or a single domain."""
+def direct_options(transport: str, nodes: int, env) -> dict[str, str]:
+    """Whether the nixl or nvshmem build stores directly into the peers its library maps into
+    the process (HYBRID_EP_NIXL_DIRECT, HYBRID_EP_NVSHMEM_DIRECT); none for other builds or a
+    single domain. Also what the transport GPU tests pass, which build runtimes directly."""
     if nodes == 1:
         return {}
     if transport == "nixl":
         return {"nixl_direct": "1" if env.nixl_direct else "0"}
+    if transport == "nvshmem":
+        return {"nvshmem_direct": "1" if env.nvshmem_direct else "0"}
+    return {}
+
+
+def runtime_options(transport: str, nodes: int, env, config, device) -> dict[str, str]:
+    """Options for this build's transport: none for p2p or a single domain. The nvshmem build's
+    unique id is added by transport_bootstrap.group_options (collective)."""
+    if nodes == 1:
+        return {}
+    if transport in ("nixl", "nvshmem"):
+        return direct_options(transport, nodes, env)
     if transport != "doca":
         return {}
     props = torch.cuda.get_device_properties(device)

@@ -4,6 +4,8 @@ model of the same calls, and the exact put counts of dense and run-structured ro
 
 from __future__ import annotations
 
+import importlib
+
 import gpu_cases
 import torch
 from gpu_cases import Ctx, job
@@ -51,9 +53,13 @@ def counters(ctx: Ctx, R: int, pattern: str, dtype: str, with_probs: bool, chann
 
 
 @job
-def under_env(ctx: Ctx, environment: dict, case: str, **kwargs):
-    """Another job (of this module or gpu_cases) with environment variables set for its whole
-    run, so that the buffers it makes read them: e.g. the nixl build's HYBRID_EP_NIXL_DIRECT=0."""
-    function = globals().get(case) or getattr(gpu_cases, case)
+def under_env(ctx: Ctx, environment: dict, case: str, cases_module: str | None = None, **kwargs):
+    """Another job (of this module or gpu_cases, or of ``cases_module`` when given) with
+    environment variables set for its whole run, so that the buffers it makes read them: e.g. the
+    nixl build's HYBRID_EP_NIXL_DIRECT=0."""
+    if cases_module is not None:
+        function = getattr(importlib.import_module(cases_module), case)
+    else:
+        function = globals().get(case) or getattr(gpu_cases, case)
     with env(**environment):
         return function.__wrapped__(ctx, **kwargs)

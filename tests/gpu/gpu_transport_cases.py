@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from gpu_cases import job
 
-from hybrid_ep import native, transport_bootstrap, transport_connect
+from hybrid_ep import native, transport_bootstrap, transport_connect, transport_options
 from hybrid_ep.config import EnvSettings
 from hybrid_ep.topology import gather_objects
 
@@ -35,13 +35,19 @@ def _connected_runtime(ctx, nodes: int, channels: int, max_tokens: int, chunk: i
     rc.channels = channels
     rc.timeout_s = 30.0
     group = dist.group.WORLD
-    rc.transport_options = transport_bootstrap.group_options(C, group, rank, rc)
+    env = EnvSettings.read()
+    # As the CUDA engine: the env's direct-store choice (nixl, nvshmem builds; default on, so
+    # HYBRID_EP_NIXL_DIRECT / HYBRID_EP_NVSHMEM_DIRECT=0 reaches the library's own puts), plus the
+    # group's bootstrap options (the nvshmem build's unique id).
+    rc.transport_options = {
+        **transport_options.direct_options(C.build_info()["transport"], nodes, env),
+        **transport_bootstrap.group_options(C, group, rank, rc, env)}
     runtime = C.Runtime(rc)
     handles = gather_objects(runtime.export_handle(), group)
     runtime.open_peers(handles[node * R:(node + 1) * R])
     connection = transport_connect.connect(
         runtime, C.build_info()["transport"], group, rank, [n * R + local for n in range(nodes)],
-        EnvSettings.read())
+        env)
     return runtime, connection
 
 

@@ -3,7 +3,10 @@ ranks as two NVLink domains on one host. A bootstrap interface that does not exi
 rank raise a clear error instead of hanging; a healthy start builds two buffers in each process
 (they share one NVSHMEM session), runs the transport self-test and frees them collectively.
 Every rank is a fresh child process: NVSHMEM is process-global and reads its variables once.
-The data path itself is covered by the transport and multi-domain GPU tests of this build."""
+The data path itself is covered by the transport and multi-domain GPU tests of this build: on one
+host NVSHMEM maps every peer (P2P), so there they run our own stores into its heap; here the same
+matrix, counters and transport checks run again with every put and signal through NVSHMEM's
+device API (HYBRID_EP_NVSHMEM_DIRECT=0)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ import sys
 
 import gpu_env
 import pytest
-from gpu_env import gpu_marks
+from gpu_env import gpu_marks, placement_param
+from gpu_specs import make_spec, report, spec_id
+from test_gpu_multi_domain import MATRIX
 
 from hybrid_ep import native
 
@@ -104,3 +109,49 @@ def test_two_buffers_share_the_session_and_pass_the_transport_check(tmp_path):
     for out in outs:
         assert out.get("result") == "ok", out
         assert out["wrong"] == [0, 0] and out["status"] == [0, 0], out
+
+
+# The same matrix and counters as test_gpu_multi_domain.py, and the transport self-test and
+# network sends of test_gpu_transport.py, with every put and signal through NVSHMEM's device API
+# (nvshmemx_putmem_nbi_warp, nvshmem_fence + nvshmemx_signal_op): on one host NVSHMEM maps the
+# peers (P2P), so by default our own stores carry the data and NVSHMEM's path would go untested.
+NVSHMEM_ONLY = {"HYBRID_EP_NVSHMEM_DIRECT": "0"}
+
+
+@pytest.mark.parametrize(
+    "W,placement,R,case",
+    [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}")
+     for N, R, case in MATRIX if N * R <= 8])
+def test_dispatch_combine_through_nvshmem_puts(gpu_pools, record_property, W, placement, R,
+                                               case):
+    spec = make_spec(W, **case)
+    spec["R"] = R
+    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
+                            environment=NVSHMEM_ONLY, case="dispatch_combine", spec=spec)
+    report(record_property, results, label=f"{W // R}x{R} nvshmem puts tokens={spec['tokens']}")
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+def test_counters_through_nvshmem_puts(gpu_pools, channels):
+    W, R = 8, 2
+    results = gpu_pools.run(W, "shared", "under_env", module="gpu_multi_domain_cases",
+                            environment=NVSHMEM_ONLY, case="counters", R=R, pattern="runs",
+                            dtype="fp8", with_probs=True, channels=channels, tokens=200)
+    assert all(r["cuda_dispatch"]["puts"] > 0 for r in results), results
+
+
+@pytest.mark.parametrize("W,nodes,nbytes", [(2, 2, 65536), (4, 2, 4101), (8, 8, 1000)])
+def test_transport_check_through_nvshmem_puts(gpu_pools, W, nodes, nbytes):
+    results = gpu_pools.run(W, "shared", "under_env", module="gpu_multi_domain_cases",
+                            environment=NVSHMEM_ONLY, case="transport_check",
+                            cases_module="gpu_transport_cases", nodes=nodes, channels=2,
+                            nbytes=nbytes, rounds=5)
+    assert len(results) == W
+
+
+def test_network_send_through_nvshmem_puts(gpu_pools):
+    results = gpu_pools.run(4, "shared", "under_env", module="gpu_multi_domain_cases",
+                            environment=NVSHMEM_ONLY, case="network_send",
+                            cases_module="gpu_transport_cases", nodes=2, chunk=64, pattern="runs",
+                            channels=2, rounds=3)
+    assert len(results) == 4
