@@ -67,16 +67,11 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   if (call.permute != nullptr && call.permute->blocks > 0) {
     const FusedPermuteCall& f = *call.permute;
     p.permute_blocks = f.blocks;
-    p.permute = {f.chunk_layout,
-                 f.dense_to_expert_map,
-                 f.row_source,
-                 f.num_permuted,
-                 c.experts_per_rank,
-                 c.local_rank * c.experts_per_rank,
-                 kFusedPermuteSlice,
-                 f.out,
-                 call.probs != nullptr ? f.out_probs : nullptr,
-                 call.scales != nullptr ? f.out_scales : nullptr};
+    p.permute = {f.chunk_layout,     f.dense_to_expert_map,
+                 f.row_source,       f.num_permuted,
+                 c.experts_per_rank, c.local_rank * c.experts_per_rank,
+                 kFusedPermuteSlice, f.out,
+                 f.out_probs,        f.out_scales};
   }
   launch_dispatch(p, stream);
 }

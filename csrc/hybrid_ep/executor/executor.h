@@ -52,6 +52,8 @@ struct FusedPermuteCall {
   int num_permuted;
   int blocks;         // permute blocks after the dispatch blocks
   uint8_t* out;       // [num_permuted, row_bytes]
+  // Whether probs and scales come along is keyed on these, never on this rank's input
+  // pointers: a rank without tokens passes empty tensors (null), yet receives its peers'.
   float* out_probs;   // [num_permuted] or null
   float* out_scales;  // [num_permuted, scale_cols] or null
 };
