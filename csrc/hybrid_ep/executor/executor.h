@@ -50,8 +50,8 @@ struct FusedPermuteCall {
   const int32_t* dense_to_expert_map;  // from run_permute_layout
   const int32_t* row_source;           // from run_permute_layout
   int num_permuted;
-  int blocks;         // permute blocks after the dispatch blocks
-  uint8_t* out;       // [num_permuted, row_bytes]
+  int blocks;    // permute blocks after the dispatch blocks
+  uint8_t* out;  // [num_permuted, row_bytes]
   // Whether probs and scales come along is keyed on these, never on this rank's input
   // pointers: a rank without tokens passes empty tensors (null), yet receives its peers'.
   float* out_probs;   // [num_permuted] or null
