@@ -15,7 +15,8 @@ def _step_events(step: int, t0: float) -> list[tuple[float, float, str]]:
              ("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 5),
              ("permute_kernel", 6),
              ("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 9),  # fused
-             ("unpermute_kernel", 7), ("combine_kernel", 8)]
+             ("unpermute_kernel", 7), ("combine_kernel", 8),
+             ("combine_kernel", 10)]  # fused unpermute + combine
     return [(t0 + i, 100.0 * step + code + (1.0 if code == 0 else 0.0), NAME.format(kernel))
             for i, (kernel, code) in enumerate(order)]
 
@@ -35,4 +36,5 @@ def test_permute_pair_kernels_are_summed_per_op():
         assert abs(result.kernel_s["dispatch_permute"][n] - (2 * base + 11) * 1e-6) < 1e-12
         assert abs(result.kernel_s["combine_unpermute"][n] - (2 * base + 15) * 1e-6) < 1e-12
         assert result.kernel_s["dispatch_fused"][n] == (base + 9) * 1e-6
+        assert result.kernel_s["combine_fused"][n] == (base + 10) * 1e-6
     assert result.profiler_note is None

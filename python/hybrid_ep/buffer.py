@@ -475,10 +475,14 @@ class HybridEPBuffer:
         engine = self._engine(hidden)
         layout = handles.layout_from_handle(handle)
         self._count_combine_sends(engine, layout, handle[8], hidden, probs is not None)
+        # The CUDA engine fuses the unpermute into the combine grid; the reference engine has
+        # one way to compute the same outputs.
+        extra = ({"fused": True} if fuse_unpermute_combine and engine is self._cuda_engine
+                 else {})
         return engine.unpermute_combine(hidden.contiguous(),
                                         probs.contiguous() if probs is not None else None,
                                         layout, handle[6], made.num_dispatched_tokens, handle[8],
-                                        made.num_tokens)
+                                        made.num_tokens, **extra)
 
     # -- configuration ---------------------------------------------------------------------------
     def update_template_config(self, hidden_dim=None, num_of_tokens_per_rank=None,

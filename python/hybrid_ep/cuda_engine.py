@@ -18,7 +18,8 @@ from .topology import Topology, gather_objects
 
 _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag",
                4: "network dispatch chunk", 5: "network combine chunk", 6: "network barrier",
-               7: "network routing all-gather", 8: "forwarded routing maps"}
+               7: "network routing all-gather", 8: "forwarded routing maps",
+               9: "unpermuted chunk"}
 _NETWORK_SITES = (4, 5, 6, 7)
 
 
@@ -305,13 +306,8 @@ class CudaEngine:
         out_probs = torch.empty(P, dtype=torch.float32, device=self.device) if with_probs else None
         out_scales = (torch.empty(P, scale_cols, dtype=torch.float32, device=self.device)
                       if scale_cols else None)
-        # Every block of the grid must be resident at once on this rank's GPU.
-        blocks = min(self.config.num_blocks_permute,
-                     max(0, self._sms - self.config.num_sms_dispatch_api))
-        if blocks == 0:
-            raise ValueError(f"num_sms_dispatch_api={self.config.num_sms_dispatch_api}: the fused "
-                             f"permute needs blocks besides the dispatch's on this GPU's "
-                             f"{self._sms} SMs")
+        blocks = self._fused_blocks(self.config.num_blocks_permute,
+                                    self.config.num_sms_dispatch_api, "num_sms_dispatch_api")
         self.runtime.dispatch_permute(
             *args, layout.dense_chunk_layout.data_ptr(), plan.dense_to_expert_map.data_ptr(),
             plan.row_source.data_ptr(), P, blocks, out.data_ptr(), _ptr(out_probs),
@@ -321,10 +317,20 @@ class CudaEngine:
     def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
         return self._combine(hidden, probs, layout, tokens, num_tokens, None)
 
+    def _fused_blocks(self, requested: int, kernel_sms: int, what: str) -> int:
+        """Blocks of a fused permute/unpermute next to the kernel's own on this GPU: every block
+        of the grid must be resident at once."""
+        blocks = min(requested, max(0, self._sms - kernel_sms))
+        if blocks == 0:
+            raise ValueError(f"{what}={kernel_sms}: the fused permute/unpermute needs blocks "
+                             f"besides the kernel's own on this GPU's {self._sms} SMs")
+        return blocks
+
     def _combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int,
-                 dense_to_expert_map):
+                 dense_to_expert_map, fused: bool = False):
         """Both combines: rows in dispatch order, or (with ``dense_to_expert_map``) in permuted
-        order, unpermuted into the registered buffer first."""
+        order, unpermuted into the registered buffer first, or (``fused``) by extra blocks of
+        the combine grid while it runs."""
         self.check_status()
         self._check_device(hidden)
         if hidden.dtype != torch.bfloat16:
@@ -346,7 +352,12 @@ class CudaEngine:
                              _ptr(out_probs),
                              dense_to_expert_map.data_ptr() if unpermute else 0,
                              layout.num_dispatched_tokens_tensor.data_ptr() if unpermute else 0,
-                             2 * self._sms, self._stream())
+                             2 * self._sms,
+                             layout.dense_chunk_layout.data_ptr() if fused else 0,
+                             self._fused_blocks(self.config.num_blocks_unpermute,
+                                                self.config.num_sms_combine_api,
+                                                "num_sms_combine_api") if fused else 0,
+                             self._stream())
         return out, out_probs
 
     # -- permute / unpermute ---------------------------------------------------------------------
@@ -398,11 +409,16 @@ class CudaEngine:
         return out, out_probs, out_scales
 
     def unpermute_combine(self, hidden, probs, layout: DispatchLayout, dense_to_expert_map,
-                          num_dispatched: int | None, tokens: int, num_tokens: int):
+                          num_dispatched: int | None, tokens: int, num_tokens: int,
+                          fused: bool = False):
         """Expert outputs in permuted order -> fp32 sums per dispatch row, written straight
-        into the registered buffer (no rounding in between), then combine."""
+        into the registered buffer (no rounding in between), then combine; ``fused``: by
+        unpermute blocks of the combine grid, chunk by chunk."""
+        if fused and layout.dense_chunk_layout is None:
+            raise RuntimeError("internal: the fused unpermute needs the handle's "
+                               "dense_chunk_layout")
         return self._combine(hidden, probs, layout, tokens, num_tokens,
-                             dense_to_expert_map.contiguous())
+                             dense_to_expert_map.contiguous(), fused=fused)
 
 
 def _ptr(tensor) -> int:

@@ -200,14 +200,16 @@ void register_runtime(py::module_& m) {
            [](Runtime& r, uintptr_t hidden, uintptr_t probs, bool with_probs, int num_rows,
               int hidden_size, uintptr_t s2d, uintptr_t r2a, uintptr_t a2r, int handle_tokens,
               int num_tokens, uintptr_t out, uintptr_t out_probs, uintptr_t dense_to_expert_map,
-              uintptr_t num_dispatched, int unpermute_blocks, uintptr_t stream) {
-             run_combine(r,
-                         {ptr<const uint8_t>(hidden), ptr<const float>(probs), with_probs, num_rows,
-                          hidden_size, ptr<const int32_t>(s2d), ptr<const bool>(r2a),
-                          ptr<const bool>(a2r), handle_tokens, num_tokens, ptr<uint16_t>(out),
-                          ptr<float>(out_probs), ptr<const int32_t>(dense_to_expert_map),
-                          ptr<const int32_t>(num_dispatched), unpermute_blocks},
-                         stream_of(stream));
+              uintptr_t num_dispatched, int unpermute_blocks, uintptr_t chunk_layout,
+              int fused_unpermute_blocks, uintptr_t stream) {
+             run_combine(
+                 r,
+                 {ptr<const uint8_t>(hidden), ptr<const float>(probs), with_probs, num_rows,
+                  hidden_size, ptr<const int32_t>(s2d), ptr<const bool>(r2a), ptr<const bool>(a2r),
+                  handle_tokens, num_tokens, ptr<uint16_t>(out), ptr<float>(out_probs),
+                  ptr<const int32_t>(dense_to_expert_map), ptr<const int32_t>(num_dispatched),
+                  unpermute_blocks, ptr<const int32_t>(chunk_layout), fused_unpermute_blocks},
+                 stream_of(stream));
            });
 }
 

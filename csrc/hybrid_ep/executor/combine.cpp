@@ -4,26 +4,33 @@
 namespace hybrid_ep {
 namespace {
 
+// The unpermute of this rank's expert outputs into its registered combine region.
+UnpermuteParams unpermute_params(Runtime& runtime, const CombineCall& call) {
+  const RuntimeConfig& c = runtime.config();
+  const BufferLayout& l = runtime.layout();
+  uint8_t* base = runtime.registered();
+  UnpermuteParams u{};
+  u.hidden = reinterpret_cast<const uint16_t*>(call.hidden);
+  u.probs = call.probs;
+  u.dense_to_expert_map = call.dense_to_expert_map;
+  u.num_dispatched = call.num_dispatched;
+  u.hidden_size = call.hidden_size;
+  u.experts_per_rank = c.experts_per_rank;
+  u.prob_cols = int(runtime.shape().prob_cols());
+  u.prob_col_offset = c.local_rank * c.experts_per_rank;
+  u.dense = reinterpret_cast<float*>(base + l.combine_rows);
+  u.dense_probs = call.with_probs ? reinterpret_cast<float*>(base + l.combine_probs) : nullptr;
+  return u;
+}
+
 // Copies this rank's combine input into its registered buffer: the rows as they are, or (the
 // unpermute path) every dispatch row's fp32 sum of its expert outputs.
 void stage_rows(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
-  const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
   uint8_t* base = runtime.registered();
   if (call.dense_to_expert_map != nullptr) {
-    UnpermuteParams u{};
-    u.hidden = reinterpret_cast<const uint16_t*>(call.hidden);
-    u.probs = call.probs;
-    u.dense_to_expert_map = call.dense_to_expert_map;
-    u.num_dispatched = call.num_dispatched;
-    u.hidden_size = call.hidden_size;
-    u.experts_per_rank = c.experts_per_rank;
-    u.prob_cols = int(s.prob_cols());
-    u.prob_col_offset = c.local_rank * c.experts_per_rank;
-    u.dense = reinterpret_cast<float*>(base + l.combine_rows);
-    u.dense_probs = call.with_probs ? reinterpret_cast<float*>(base + l.combine_probs) : nullptr;
-    launch_unpermute(u, call.unpermute_blocks, stream);
+    launch_unpermute(unpermute_params(runtime, call), call.unpermute_blocks, stream);
     return;
   }
   if (call.num_rows == 0) return;
@@ -48,10 +55,23 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   const BarrierParams barrier = runtime.barrier();
   // Peers may still be pulling from this rank's combine buffer (an earlier combine).
   launch_domain_barrier(barrier, stream);
-  stage_rows(runtime, call, stream);
-  // Every peer's rows are staged before anyone pulls.
-  launch_domain_barrier(barrier, stream);
+  const bool fused = call.dense_to_expert_map != nullptr && call.fused_unpermute_blocks > 0;
+  if (!fused) {
+    stage_rows(runtime, call, stream);
+    // Every peer's rows are staged before anyone pulls.
+    launch_domain_barrier(barrier, stream);
+  }
   CombineParams p{};
+  p.combine_blocks = c.sms_combine;
+  if (fused) {  // unpermute blocks in the combine grid; the loader waits per chunk instead
+    p.unpermute_blocks = call.fused_unpermute_blocks;
+    p.unpermute = {unpermute_params(runtime, call),
+                   call.chunk_layout,
+                   c.dispatch_chunk,
+                   (T + c.dispatch_chunk - 1) / c.dispatch_chunk,
+                   T,
+                   l.unpermute_flags};
+  }
   p.domain = barrier.domain;
   p.sparse_to_dense_map = call.sparse_to_dense_map;
   p.num_tokens = call.num_tokens;
@@ -89,11 +109,8 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
     }
   }
   p.stages = runtime.combine_stages(combine_stage_bytes(p));
-  if (c.nodes == 1) {
-    launch_combine(p, c.sms_combine, stream);
-    return;
-  }
-  launch_combine(p, c.sms_combine, stream);
+  launch_combine(p, stream);
+  if (c.nodes == 1) return;
 
   CombineNetworkParams net{};
   net.domain = barrier.domain;

@@ -125,6 +125,10 @@ struct CombineCall {
   const int32_t* dense_to_expert_map;
   const int32_t* num_dispatched;
   int unpermute_blocks;
+  // Fused unpermute (fuse_unpermute_combine): this many unpermute blocks join the combine grid,
+  // working through handle entry 5 (dense_chunk_layout); 0 runs the standalone kernel.
+  const int32_t* chunk_layout = nullptr;
+  int fused_unpermute_blocks = 0;
 };
 
 // Barrier, stage this rank's rows into its registered buffer (a copy, or the fp32 unpermute

@@ -11,8 +11,10 @@
 // kernel 2.5x faster (468 -> 185 us, 8 SMs), the stores of a warp being the bottleneck.
 // With several domains (`partial`) the sums stay fp32 and go to the partials region, for every
 // forwarded token; kernels/combine_network.cu then exchanges and adds them.
-// Runs after a domain barrier that guarantees every peer's combine buffer is filled.
+// Runs after a domain barrier that guarantees every peer's combine buffer is filled; fused with
+// unpermute (combine_unpermute.cuh), extra blocks fill it while the loader waits per chunk.
 #include "hybrid_ep/kernels/combine_sum.cuh"
+#include "hybrid_ep/kernels/combine_unpermute.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
@@ -88,13 +90,16 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
   int stage = 0;       // item % stages, kept without divisions
   uint32_t phase = 0;  // (item / stages) & 1
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
-  for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
+  for (int c = blockIdx.x; c < chunks; c += p.combine_blocks) {
     const int first = c * p.chunk;
     const int last = min(first + p.chunk, p.num_tokens);
     __syncwarp();  // lane 0 is done with the previous chunk's routes
     ring.loader_routes.load(p.sparse_to_dense_map, first, last, lane, 32);
     __syncwarp();
     if (lane != 0) continue;
+    // After a failed wait the stages are loaded anyway: the reduce warps must finish, and the
+    // abort word makes the call report instead of returning what it read.
+    if (p.unpermute_blocks > 0) wait_unpermuted(p, first, last);
     for (int t = first; t < last; ++t) {
       const int32_t* rows = ring.loader_routes.token(t - first);
       for (int piece = 0; piece < p.pieces; ++piece) {
@@ -146,7 +151,8 @@ __device__ __forceinline__ float copy_prob(const CombineParams& p, const int32_t
   const int j = local / E;
   if (rows[j] < 0) return 0.f;
   const float* src = reinterpret_cast<const float*>(p.domain.peer(j) + p.combine_probs);
-  return src[int64_t(rows[j]) * p.prob_cols + local];
+  // From L2: written by another process (fused: during this kernel), never cached here.
+  return __ldcg(src + int64_t(rows[j]) * p.prob_cols + local);
 }
 
 // The probs row of token t: each receiving rank's own E columns, zeros elsewhere.
@@ -188,7 +194,7 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
   uint32_t item = 0;  // ring position of the current piece's first copy
   int unit = 0;       // pieces seen in this chunk
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
-  for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
+  for (int c = blockIdx.x; c < chunks; c += p.combine_blocks) {
     const int first = c * p.chunk;
     const int last = min(first + p.chunk, p.num_tokens);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
@@ -210,9 +216,11 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
         if (p.partial && copies == 0) continue;
         const int32_t* rows = ring.reduce_routes.token(t - first);
         const bool probs_here = with_probs && piece == 0;
-        // Without the TMA path, issue this lane's prob load before waiting, to hide it.
-        const float early_prob =
-            probs_here && !ring.prob_bytes ? copy_prob(p, rows, lane, prob_row) : 0.f;
+        // Without the TMA path, issue this lane's prob load before waiting, to hide it; fused
+        // with unpermute, only after the waits (the loader's flag wait precedes its loads).
+        const bool prob_by_lane = probs_here && !ring.prob_bytes;
+        const bool fused = p.unpermute_blocks > 0;
+        float early_prob = prob_by_lane && !fused ? copy_prob(p, rows, lane, prob_row) : 0.f;
         const CopyStages st{ring.rows, ring.stride, ring.stages, int(item % ring.stages)};
         const uint32_t parity = (item / ring.stages) & 1;
         if (copies > 0) {
@@ -224,6 +232,7 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
           ptx::mbar_wait(&ring.full[s < ring.stages ? s : s - ring.stages],
                          s < ring.stages ? parity : parity ^ 1);
         }
+        if (prob_by_lane && fused) early_prob = copy_prob(p, rows, lane, prob_row);
         const int64_t out_at = int64_t(t) * p.hidden + int64_t(piece) * piece_cols;
         bool stored = false;  // a bulk store reads the first stage
         if (p.partial) {      // several domains: the unrounded fp32 sum, by the lanes
@@ -278,10 +287,22 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
     ptx::fence_barrier_init();
   }
   __syncthreads();
-  if (warp == 0) {
+  if (int(blockIdx.x) >= p.combine_blocks) {
+    unpermute_units(p, int(blockIdx.x) - p.combine_blocks);
+  } else if (warp == 0) {
     load_copies(p, ring, threadIdx.x);
   } else {
     reduce_copies(p, ring, warp - 1, threadIdx.x % 32);
+  }
+}
+
+// The fused unpermute's consumer counters: the loaders waited for target = counter + 1 of every
+// unit flag without moving it (several blocks wait for one unit).
+__global__ void advance_unpermute_expected(CombineParams p) {
+  const DomainView& d = p.domain;
+  const int flags = d.ranks * d.nodes * p.unpermute.max_chunks;
+  for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < flags; k += gridDim.x * blockDim.x) {
+    ++*d.expected_for(p.unpermute.flags + sizeof(uint64_t) * k);
   }
 }
 
@@ -297,12 +318,16 @@ size_t combine_reserved_smem(int chunk, int ranks) {
   return (2 * size_t(ranks) + 1) * sizeof(int32_t) * size_t(chunk) + 16;
 }
 
-void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream) {
+void launch_combine(const CombineParams& p, cudaStream_t stream) {
   const size_t smem =
       combine_stage_bytes(p) * size_t(p.stages) + combine_reserved_smem(p.chunk, p.domain.ranks);
   allow_dynamic_smem(reinterpret_cast<const void*>(combine_kernel), smem);
-  combine_kernel<<<blocks, kThreads, smem, stream>>>(p);
+  combine_kernel<<<p.combine_blocks + p.unpermute_blocks, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+  if (p.unpermute_blocks > 0) {
+    advance_unpermute_expected<<<1, 256, 0, stream>>>(p);
+    HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace hybrid_ep

@@ -146,6 +146,34 @@ struct DispatchParams {
   size_t net_rows, net_probs, net_scales, network_flags;
 };
 
+// Unpermute: dense row i < D (read on the device) is the fp32 sum, ascending expert, of the
+// permuted rows dense_to_expert_map[i, e] >= 0; written into the registered combine region.
+struct UnpermuteParams {
+  const uint16_t* hidden;              // bf16 [P, H]
+  const float* probs;                  // [P] or null
+  const int32_t* dense_to_expert_map;  // [rows, E]
+  const int32_t* num_dispatched;       // device [1]: D
+  int hidden_size;                     // H
+  int experts_per_rank;
+  int prob_cols;        // E*R
+  int prob_col_offset;  // local_rank * E
+  float* dense;         // fp32 [D, H]
+  float* dense_probs;   // [D, prob_cols] (only this rank's columns are written) or null
+};
+
+// combine_with_unpermute with fuse_unpermute_combine: blocks of the combine grid past its
+// combine blocks unpermute this rank's dispatch rows one (source, chunk) at a time and signal
+// each to the rank that pulls it (kernels/combine_unpermute.cuh); the loader waits for those
+// flags instead of a domain barrier.
+struct FusedUnpermuteParams {
+  UnpermuteParams rows;         // what the standalone kernel gets
+  const int32_t* chunk_layout;  // handle entry 5: [W*C + 1] first dispatch row per chunk
+  int dispatch_chunk;           // tokens per chunk of chunk_layout
+  int max_chunks;               // C
+  int max_tokens;               // T: forwarded token i = n * T + t
+  size_t flags;                 // region offset of unpermute_flags [R, N, C]
+};
+
 // With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens
 // (= N*T) into fp32 partial rows and this domain's E*R prob columns, instead of BF16 output.
 struct CombineParams {
@@ -166,6 +194,9 @@ struct CombineParams {
   bool partial;
   float* partials;       // fp32 [num_tokens, H]
   float* partial_probs;  // fp32 [num_tokens, E*R] or null
+  int combine_blocks;    // blocks that combine (chunk c is block c % combine_blocks's)
+  int unpermute_blocks;  // blocks after them that unpermute (fused); 0 otherwise
+  FusedUnpermuteParams unpermute;
 };
 
 // Combine's network step (several domains): this rank sends the partial sums of its peers'
@@ -222,21 +253,6 @@ struct PermuteLayoutParams {
   int32_t* overflow;               // [1] out: 1 when a selected row did not fit
 };
 
-// Unpermute: dense row i < D (read on the device) is the fp32 sum, ascending expert, of the
-// permuted rows dense_to_expert_map[i, e] >= 0; written into the registered combine region.
-struct UnpermuteParams {
-  const uint16_t* hidden;              // bf16 [P, H]
-  const float* probs;                  // [P] or null
-  const int32_t* dense_to_expert_map;  // [rows, E]
-  const int32_t* num_dispatched;       // device [1]: D
-  int hidden_size;                     // H
-  int experts_per_rank;
-  int prob_cols;        // E*R
-  int prob_col_offset;  // local_rank * E
-  float* dense;         // fp32 [D, H]
-  float* dense_probs;   // [D, prob_cols] (only this rank's columns are written) or null
-};
-
 // Transport self-test: every rank puts `bytes` of a pattern into the peer of every other domain
 // (scratch slot 1 + its domain) and signals it; then checks the slots its peers wrote.
 struct TransportCheckParams {
@@ -284,7 +300,8 @@ void launch_combine_network(const CombineNetworkParams& p, int blocks, cudaStrea
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
 // p.dispatch_blocks + p.permute_blocks blocks; with permute blocks, then the counter advance.
 void launch_dispatch(const DispatchParams& p, cudaStream_t stream);
-void launch_combine(const CombineParams& p, int blocks, cudaStream_t stream);
+// p.combine_blocks + p.unpermute_blocks blocks; with unpermute blocks, then the counter advance.
+void launch_combine(const CombineParams& p, cudaStream_t stream);
 void launch_permute_layout(const PermuteLayoutParams& p, int blocks, cudaStream_t stream);
 void launch_permute(const PermuteParams& p, int blocks, cudaStream_t stream);
 void launch_unpermute(const UnpermuteParams& p, int blocks, cudaStream_t stream);

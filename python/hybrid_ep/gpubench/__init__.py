@@ -26,9 +26,10 @@ dispatched BF16 rows), and (unless ``--no-permute``) ``dispatch bf16 + permute``
 (``dispatch_with_permute``, fresh routing, pad_multiple 16; kernel time = dispatch_kernel +
 permute_kernel), ``dispatch bf16 + fused permute`` (the same call with fuse_permute_dispatch:
 one dispatch_kernel grid whose extra blocks permute, ``--permute-blocks`` of them per rank;
-its outputs must equal the standalone ones) and ``unpermute + combine``
+its outputs must equal the standalone ones), ``unpermute + combine``
 (``combine_with_unpermute`` of its rows through the identity expert; unpermute_kernel +
-combine_kernel). The first warm-up call of each is checked
+combine_kernel) and ``fused unpermute + combine`` (the same with fuse_unpermute_combine, of the
+fused op's rows: one combine_kernel grid with unpermute blocks; must equal the standalone). The first warm-up call of each is checked
 bit for bit against an independent oracle (:mod:`hybrid_ep.oracle`, on the GPU: every rank
 regenerates every rank's inputs from their seeds and gathers their routing; the permute pair by
 its round trip: each token comes back as BF16(row x experts selected), its probs unchanged), so

@@ -19,11 +19,13 @@ OPS = {
     "dispatch_permute": ("dispatch bf16 + permute", "dispatch_kernel", "bf16"),
     "dispatch_fused": ("dispatch bf16 + fused permute", "dispatch_kernel", "bf16"),
     "combine_unpermute": ("unpermute + combine", "combine_kernel", "bf16"),
+    "combine_fused": ("fused unpermute + combine", "combine_kernel", "bf16"),
 }
 PAIRED_KERNELS = {"dispatch_permute": "permute_kernel", "combine_unpermute": "unpermute_kernel"}
-# fuse_permute_dispatch: one kernel, the dispatch grid with permute blocks (RunSpec.permute_blocks).
-FUSED_OP = "dispatch_fused"
-PERMUTE_OPS = (*PAIRED_KERNELS, FUSED_OP)
+# fuse_permute_dispatch / fuse_unpermute_combine: one kernel each, the dispatch or combine grid
+# with permute or unpermute blocks (RunSpec.permute_blocks of them).
+FUSED_OPS = ("dispatch_fused", "combine_fused")
+PERMUTE_OPS = (*PAIRED_KERNELS, *FUSED_OPS)
 PAD_MULTIPLE = 16  # the permute path's pad_multiple
 PREPROCESS_KERNELS = ("allgather_kernel", "dest_mask_kernel", "scan_kernel")
 

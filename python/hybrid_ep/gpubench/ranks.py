@@ -14,7 +14,7 @@ import torch.distributed as dist
 from .. import oracle
 from .ceiling import measure_ceilings
 from .config import (
-    FUSED_OP,
+    FUSED_OPS,
     OPS,
     PAD_MULTIPLE,
     PAIRED_KERNELS,
@@ -45,6 +45,7 @@ class _Rank:
             num_sms_dispatch_api=spec.sms, num_sms_combine_api=spec.sms,
             num_sms_preprocessing_api=min(spec.sms, 16),
             num_blocks_permute=spec.permute_blocks or None,
+            num_blocks_unpermute=spec.permute_blocks or None,
             num_of_hybrid_ep_ranks_per_nvlink_domain=spec.ranks)
 
     def step(self, step: int, timer):
@@ -70,11 +71,16 @@ class _Rank:
                 hidden=x, probs=probs, routing_map=routing_map, pad_multiple=PAD_MULTIPLE))
             perm = out["perm"]
             if self.spec.permute_blocks:
-                out["fused"] = timer(FUSED_OP, lambda: buf.dispatch_with_permute(
+                out["fused"] = timer("dispatch_fused", lambda: buf.dispatch_with_permute(
                     hidden=x, probs=probs, routing_map=routing_map, pad_multiple=PAD_MULTIPLE,
                     fuse_permute_dispatch=True))
             out["unperm"] = timer("combine_unpermute", lambda: buf.combine_with_unpermute(
                 hidden=perm[0], probs=perm[1], handle=perm[4], pad_multiple=PAD_MULTIPLE))
+            if self.spec.permute_blocks:
+                fused = out["fused"]
+                out["unfused"] = timer("combine_fused", lambda: buf.combine_with_unpermute(
+                    hidden=fused[0], probs=fused[1], handle=fused[4], pad_multiple=PAD_MULTIPLE,
+                    fuse_unpermute_combine=True))
             out["permuted"] = int(perm[0].shape[0])
         return out
 
@@ -121,11 +127,14 @@ class _Rank:
             oracle.assert_same("permute round trip: rows", got_rows, want_rows)
             oracle.assert_same("permute round trip: probs", got_probs, out["probs"])
             checked += [OPS[op][0] for op in PAIRED_KERNELS]
-            if "fused" in out:  # the fused grid's outputs are the standalone kernels'
+            if "fused" in out:  # the fused grids' outputs are the standalone kernels'
                 for i, what in ((0, "rows"), (1, "probs"), (3, "tokens_per_expert")):
                     oracle.assert_same(f"fused permute: {what}", out["fused"][i].cpu(),
                                        out["perm"][i].cpu())
-                checked.append(OPS[FUSED_OP][0])
+                for i, what in ((0, "rows"), (1, "probs")):
+                    oracle.assert_same(f"fused unpermute + combine: {what}", out["unfused"][i],
+                                       out["unperm"][i])
+                checked += [OPS[op][0] for op in FUSED_OPS]
         del everyone, want
         torch.cuda.empty_cache()
         return checked
@@ -155,7 +164,7 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
     bench = _Rank(cfg, spec, rank)
     ops = [op for op in OPS
            if (cfg.fp8 or op != "dispatch_fp8") and (cfg.permute or op not in PERMUTE_OPS)
-           and (spec.permute_blocks or op != FUSED_OP)]
+           and (spec.permute_blocks or op not in FUSED_OPS)]
 
     # Pass 1: API times (no profiler), the first warm-up verified.
     result.api_s = {op: [] for op in ops}
@@ -200,7 +209,7 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
             prof.export_chrome_trace(path)
             kernels = kernel_events(path)
         _assign_kernels(result, kernels, ops, steps, cfg.iters,
-                        preprocess_per_step=(1 + (FUSED_OP in ops)
+                        preprocess_per_step=(1 + ("dispatch_fused" in ops)
                                              + ("dispatch_permute" in ops)))
     except Exception as error:  # noqa: BLE001 - report API numbers even without a profiler
         result.profiler_note = f"profiler failed: {type(error).__name__}: {error}"

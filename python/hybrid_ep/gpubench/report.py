@@ -84,8 +84,9 @@ def format_regime(cfg: GpuBenchConfig, env: dict, regime: str, runs: list[dict])
         lines += [f"- {run['ranks']} rank(s): {note}" for note in run["notes"]]
     lines += [
         ("- kernel: device time of dispatch_kernel / combine_kernel (+ permute_kernel / "
-         "unpermute_kernel for the permute pair; 'dispatch bf16 + fused permute' is the one "
-         "dispatch_kernel grid with its permute blocks; torch.profiler, separate pass); API: "
+         "unpermute_kernel for the permute pair; the fused ops are the one dispatch_kernel / "
+         "combine_kernel grid with its permute / unpermute blocks; torch.profiler, separate "
+         "pass); API: "
          "whole Python call after a host barrier, to torch.cuda.synchronize()."),
         ("- HBM traffic/SM: bytes the kernels must read and write once (rows, probs, FP8 "
          "scales) / kernel time, summed over the ranks on a GPU, / (SMs per rank x ranks on "

@@ -28,7 +28,7 @@ def _bytes(cfg: GpuBenchConfig, ranks: int, op: str, rows: float, copies: float,
     combined = T * (2 * H + 4 * E * ranks)
     if op == "combine_bf16":
         return {"moved": copies * (2 * H + 4 * E) + combined, "output": combined}
-    if op == "combine_unpermute":
+    if op in ("combine_unpermute", "combine_fused"):
         unpermute = permuted * (2 * H + 4) + rows * (4 * H + 4 * E)
         return {"moved": unpermute + copies * (4 * H + 4 * E) + combined, "output": combined}
     if op in ("dispatch_permute", "dispatch_fused"):
@@ -137,9 +137,9 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
                      "blocks, as separate GPUs would have); the roofline was measured before, "
                      "without that limit")
     if spec.permute_blocks:
-        notes.append(f"'dispatch bf16 + fused permute': {spec.sms} dispatch blocks + "
-                     f"{spec.permute_blocks} permute blocks per rank (its traffic per SM still "
-                     "divides by the dispatch SMs only)")
+        notes.append(f"fused ops: {spec.sms} dispatch / combine blocks + {spec.permute_blocks} "
+                     "permute / unpermute blocks per rank (their traffic per SM still divides by "
+                     f"the {spec.sms} SMs only)")
     return {"regime": spec.regime, "ranks": spec.ranks, "sms_per_rank": spec.sms,
             "gpus": len(on_gpu), "gpu": ranks[0]["gpu"], "sm_count": ranks[0]["sm_count"],
             "roofline_gbps": _mean(list(roofline.values())),

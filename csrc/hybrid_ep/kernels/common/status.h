@@ -18,6 +18,7 @@ enum class WaitSite : int32_t {
   kNetworkBarrier = 6,    // the barrier's signal from the peer of another domain
   kNetworkAllgather = 7,  // the routing map from the peer of another domain
   kForward = 8,           // the other domains' maps forwarded by a local rank
+  kUnpermuteChunk = 9,    // a chunk unpermuted by a local rank (fused combine_with_unpermute)
 };
 
 struct DeviceStatus {

@@ -1,0 +1,71 @@
+// The unpermute role of the fused combine_with_unpermute (fuse_unpermute_combine), and the
+// combine loader's wait for it.
+//   unpermute blocks : the blocks of the combine grid past its combine blocks. Work unit q is
+//                      one (domain n, chunk c, local rank l): the dispatch rows of source
+//                      n * R + l's chunk c (the handle's dense_chunk_layout), one warp per
+//                      row; then the unit is signalled to local rank l, the only rank that
+//                      pulls those rows. Units go in forwarded-token order, as combine chunks
+//                      are processed.
+//   loader (lane 0)  : before a chunk's copies, waits until every local rank signalled the
+//                      units of the chunk's tokens.
+// Several combine blocks wait for one unit, so the waits only read the consumer counters;
+// advance_unpermute_expected moves them on after the kernel.
+#pragma once
+
+#include "hybrid_ep/kernels/common/flags.cuh"
+#include "hybrid_ep/kernels/params.h"
+#include "hybrid_ep/kernels/unpermute_row.cuh"
+
+namespace hybrid_ep {
+
+// Flag of unit (producer j, domain n, chunk c), in the buffer of the rank that pulls it.
+__device__ __forceinline__ size_t unpermute_flag(const CombineParams& p, int j, int n, int c) {
+  const FusedUnpermuteParams& u = p.unpermute;
+  return u.flags + sizeof(uint64_t) * ((size_t(j) * p.domain.nodes + n) * u.max_chunks + size_t(c));
+}
+
+// Every thread of a block of the unpermute role.
+__device__ void unpermute_units(const CombineParams& p, int block) {
+  const FusedUnpermuteParams& u = p.unpermute;
+  const DomainView& d = p.domain;
+  const int warp = threadIdx.x / 32;
+  const int warps = blockDim.x / 32;
+  const int units = d.nodes * u.max_chunks * d.ranks;
+  for (int q = block; q < units; q += p.unpermute_blocks) {
+    const int l = q % d.ranks;
+    const int c = (q / d.ranks) % u.max_chunks;
+    const int n = q / (d.ranks * u.max_chunks);
+    const int64_t at = int64_t(n * d.ranks + l) * u.max_chunks + c;
+    const int first = u.chunk_layout[at];
+    const int last = u.chunk_layout[at + 1];
+    for (int i = first + warp; i < last; i += warps) unpermute_row(u.rows, i, threadIdx.x % 32);
+    __syncthreads();  // the unit's rows are written
+    if (threadIdx.x == 0) {
+      signal_flag(reinterpret_cast<uint64_t*>(d.peer(l) + unpermute_flag(p, d.local_rank, n, c)));
+    }
+  }
+}
+
+// Lane 0 of the loader: waits for the units that hold forwarded tokens [first, last) at every
+// local rank. False after a timeout.
+__device__ bool wait_unpermuted(const CombineParams& p, int first, int last) {
+  const FusedUnpermuteParams& u = p.unpermute;
+  const DomainView& d = p.domain;
+  const int T = u.max_tokens;
+  const int from = (first / T) * u.max_chunks + (first % T) / u.dispatch_chunk;
+  const int to = ((last - 1) / T) * u.max_chunks + ((last - 1) % T) / u.dispatch_chunk;
+  bool ok = true;
+  for (int v = from; v <= to && ok; ++v) {
+    const int n = v / u.max_chunks;
+    const int c = v % u.max_chunks;
+    for (int j = 0; j < d.ranks && ok; ++j) {
+      const size_t slot = unpermute_flag(p, j, n, c);
+      ok = wait_until(reinterpret_cast<const uint64_t*>(d.self() + slot), *d.expected_for(slot) + 1,
+                      d.timeout_ns, d.status, d.abort, WaitSite::kUnpermuteChunk, j, v);
+    }
+  }
+  ptx::fence_proxy_async_global();  // the TMA loads that follow read what the flags published
+  return ok;
+}
+
+}  // namespace hybrid_ep
