@@ -70,6 +70,7 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
                    c.dispatch_chunk,
                    (T + c.dispatch_chunk - 1) / c.dispatch_chunk,
                    T,
+                   kUnpermuteSlices,
                    l.unpermute_flags};
   }
   p.domain = barrier.domain;

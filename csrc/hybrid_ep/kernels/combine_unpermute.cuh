@@ -1,13 +1,13 @@
 // The unpermute role of the fused combine_with_unpermute (fuse_unpermute_combine), and the
 // combine loader's wait for it.
-//   unpermute blocks : the blocks of the combine grid past its combine blocks. Work unit q is
-//                      one (domain n, chunk c, local rank l): the dispatch rows of source
-//                      n * R + l's chunk c (the handle's dense_chunk_layout), one warp per
-//                      row; then the unit is signalled to local rank l, the only rank that
-//                      pulls those rows. Units go in forwarded-token order, as combine chunks
+//   unpermute blocks : the blocks of the combine grid past its combine blocks. Work item q is
+//                      one slice of (domain n, chunk c, local rank l): the dispatch rows of
+//                      source n * R + l's chunk c (the handle's dense_chunk_layout), one warp
+//                      per row; then the slice is signalled to local rank l, the only rank that
+//                      pulls those rows. Items go in forwarded-token order, as combine chunks
 //                      are processed.
-//   loader (lane 0)  : before a chunk's copies, waits until every local rank signalled the
-//                      units of the chunk's tokens.
+//   loader (lane 0)  : before a chunk's copies, waits until every local rank signalled every
+//                      slice of the units of the chunk's tokens.
 // Several combine blocks wait for one unit, so the waits only read the consumer counters;
 // advance_unpermute_expected moves them on after the kernel.
 #pragma once
@@ -18,10 +18,13 @@
 
 namespace hybrid_ep {
 
-// Flag of unit (producer j, domain n, chunk c), in the buffer of the rank that pulls it.
-__device__ __forceinline__ size_t unpermute_flag(const CombineParams& p, int j, int n, int c) {
+// Flag of slice s of unit (producer j, domain n, chunk c), in the buffer of the rank that
+// pulls it.
+__device__ __forceinline__ size_t unpermute_flag(const CombineParams& p, int j, int n, int c,
+                                                 int s) {
   const FusedUnpermuteParams& u = p.unpermute;
-  return u.flags + sizeof(uint64_t) * ((size_t(j) * p.domain.nodes + n) * u.max_chunks + size_t(c));
+  const size_t unit = (size_t(j) * p.domain.nodes + n) * u.max_chunks + size_t(c);
+  return u.flags + sizeof(uint64_t) * (unit * u.slices + s);
 }
 
 // Every thread of a block of the unpermute role.
@@ -30,24 +33,28 @@ __device__ void unpermute_units(const CombineParams& p, int block) {
   const DomainView& d = p.domain;
   const int warp = threadIdx.x / 32;
   const int warps = blockDim.x / 32;
-  const int units = d.nodes * u.max_chunks * d.ranks;
-  for (int q = block; q < units; q += p.unpermute_blocks) {
-    const int l = q % d.ranks;
-    const int c = (q / d.ranks) % u.max_chunks;
-    const int n = q / (d.ranks * u.max_chunks);
+  const int items = d.nodes * u.max_chunks * d.ranks * u.slices;
+  const int slice_rows = (u.dispatch_chunk + u.slices - 1) / u.slices;
+  for (int q = block; q < items; q += p.unpermute_blocks) {
+    const int s = q % u.slices;
+    const int l = (q / u.slices) % d.ranks;
+    const int c = (q / (u.slices * d.ranks)) % u.max_chunks;
+    const int n = q / (u.slices * d.ranks * u.max_chunks);
     const int64_t at = int64_t(n * d.ranks + l) * u.max_chunks + c;
-    const int first = u.chunk_layout[at];
-    const int last = u.chunk_layout[at + 1];
+    const int end = u.chunk_layout[at + 1];
+    const int first = min(u.chunk_layout[at] + s * slice_rows, end);
+    const int last = min(first + slice_rows, end);
     for (int i = first + warp; i < last; i += warps) unpermute_row(u.rows, i, threadIdx.x % 32);
-    __syncthreads();  // the unit's rows are written
+    __syncthreads();  // the slice's rows are written
     if (threadIdx.x == 0) {
-      signal_flag(reinterpret_cast<uint64_t*>(d.peer(l) + unpermute_flag(p, d.local_rank, n, c)));
+      const size_t flag = unpermute_flag(p, d.local_rank, n, c, s);
+      signal_flag(reinterpret_cast<uint64_t*>(d.peer(l) + flag));
     }
   }
 }
 
-// Lane 0 of the loader: waits for the units that hold forwarded tokens [first, last) at every
-// local rank. False after a timeout.
+// Lane 0 of the loader: waits for every slice of the units that hold forwarded tokens
+// [first, last) at every local rank. False after a timeout.
 __device__ bool wait_unpermuted(const CombineParams& p, int first, int last) {
   const FusedUnpermuteParams& u = p.unpermute;
   const DomainView& d = p.domain;
@@ -58,8 +65,9 @@ __device__ bool wait_unpermuted(const CombineParams& p, int first, int last) {
   for (int v = from; v <= to && ok; ++v) {
     const int n = v / u.max_chunks;
     const int c = v % u.max_chunks;
-    for (int j = 0; j < d.ranks && ok; ++j) {
-      const size_t slot = unpermute_flag(p, j, n, c);
+    for (int k = 0; k < d.ranks * u.slices && ok; ++k) {
+      const int j = k / u.slices;
+      const size_t slot = unpermute_flag(p, j, n, c, k % u.slices);
       ok = wait_until(reinterpret_cast<const uint64_t*>(d.self() + slot), *d.expected_for(slot) + 1,
                       d.timeout_ns, d.status, d.abort, WaitSite::kUnpermuteChunk, j, v);
     }

@@ -171,7 +171,8 @@ struct FusedUnpermuteParams {
   int dispatch_chunk;           // tokens per chunk of chunk_layout
   int max_chunks;               // C
   int max_tokens;               // T: forwarded token i = n * T + t
-  size_t flags;                 // region offset of unpermute_flags [R, N, C]
+  int slices;                   // work items (and flags) per (source, chunk)
+  size_t flags;                 // region offset of unpermute_flags [R, N, C, slices]
 };
 
 // With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens

@@ -8,13 +8,17 @@
 
 namespace hybrid_ep {
 
-constexpr int kUnpermuteVectorsInFlight = 2;  // 16-byte vectors per lane summed side by side
+constexpr int kUnpermuteVectorsInFlight = 2;  // 16-byte vectors per lane and expert row
+constexpr int kUnpermuteRowsInFlight = 8;     // expert rows whose loads are issued together
 
 // The row's expert targets live in lanes (lane e holds target e, E <= 32 at a time) and are
-// broadcast by shuffles, so the inner loop issues only the loads of the rows it adds; a lane
-// sums kUnpermuteVectorsInFlight vectors at once to keep several loads in flight.
+// broadcast by shuffles. The loads of up to kUnpermuteRowsInFlight expert rows are all issued
+// before any is added (in ascending expert, as the reference adds them): with one row's loads
+// in flight at a time a warp was latency-bound, which shows when few warps run it (the fused
+// combine's unpermute blocks: one block of nine warps per SM).
 __device__ __forceinline__ void unpermute_row(const UnpermuteParams& p, int i, int lane) {
   constexpr int kInFlight = kUnpermuteVectorsInFlight;
+  constexpr int kRows = kUnpermuteRowsInFlight;
   const int E = p.experts_per_rank;
   const int vectors = p.hidden_size / 8;
   const int32_t* targets = p.dense_to_expert_map + int64_t(i) * E;
@@ -24,19 +28,29 @@ __device__ __forceinline__ void unpermute_row(const UnpermuteParams& p, int i, i
     for (int e0 = 0; e0 < E; e0 += 32) {
       const int32_t mine = e0 + lane < E ? targets[e0 + lane] : -1;
       const int span = min(32, E - e0);
-      for (int e = 0; e < span; ++e) {
-        const int32_t r = __shfl_sync(0xffffffffu, mine, e);
-        if (r < 0) continue;
-        const uint4* src = reinterpret_cast<const uint4*>(p.hidden + int64_t(r) * p.hidden_size);
-        uint4 v[kInFlight];
+      for (int g = 0; g < span; g += kRows) {
+        int32_t r[kRows];
+        uint4 v[kRows][kInFlight];
 #pragma unroll
-        for (int k = 0; k < kInFlight; ++k) {
-          const int at = base + k * 32 + lane;
-          if (at < vectors) v[k] = src[at];
+        for (int e = 0; e < kRows; ++e) {
+          r[e] = __shfl_sync(0xffffffffu, mine, (g + e) & 31);
+          if (g + e >= span) r[e] = -1;
+          if (r[e] < 0) continue;
+          const uint4* src =
+              reinterpret_cast<const uint4*>(p.hidden + int64_t(r[e]) * p.hidden_size);
+#pragma unroll
+          for (int k = 0; k < kInFlight; ++k) {
+            const int at = base + k * 32 + lane;
+            if (at < vectors) v[e][k] = src[at];
+          }
         }
 #pragma unroll
-        for (int k = 0; k < kInFlight; ++k) {
-          if (base + k * 32 + lane < vectors) accumulate(acc[k], v[k]);
+        for (int e = 0; e < kRows; ++e) {
+          if (r[e] < 0) continue;
+#pragma unroll
+          for (int k = 0; k < kInFlight; ++k) {
+            if (base + k * 32 + lane < vectors) accumulate(acc[k], v[e][k]);
+          }
         }
       }
     }

@@ -7,6 +7,10 @@
 
 namespace hybrid_ep {
 
+// A fused unpermute's unit, the dispatch rows of one (source, chunk), is split into this many
+// slices, each its own work item and flag: a chunk's rows spread over several blocks.
+constexpr int kUnpermuteSlices = 4;
+
 struct BufferShape {
   int64_t world;             // W: ranks in the group
   int64_t ranks;             // R: ranks per NVLink domain
@@ -35,23 +39,23 @@ struct BufferLayout {
   size_t combine_probs;    // fp32 [W*T, E*R]
   // Several domains only (empty with one): receive tiles from the peer of each domain, and the
   // local sources of this rank's puts (registered, as RDMA transports need).
-  size_t net_rows;           // [N, T, row bytes]: dispatched rows from the peer of domain n
-  size_t net_probs;          // fp32 [N, T, E*R]: their probs (the receiving domain's columns)
-  size_t net_scales;         // fp32 [N, T, H/128]: their FP8 scales
-  size_t restriped_probs;    // fp32 [N, T, E*R]: this rank's probs, destination-major
-  size_t staged_rows;        // [T, row bytes]: this rank's rows, for registered-source puts
-  size_t staged_scales;      // fp32 [T, H/128]
-  size_t partials;           // fp32 [N, T, H]: combine sums of this domain per forwarded token
-  size_t partial_probs;      // fp32 [N, T, E*R]
-  size_t net_partials;       // fp32 [N, T, H]: partial sums of this rank's tokens from domain n
-  size_t net_partial_probs;  // fp32 [N, T, E*R]
-  size_t barrier_flags;      // uint64 [R]: one per sending local rank
-  size_t allgather_flags;    // uint64 [R]
-  size_t forward_flags;      // uint64 [R]: the other domains' maps forwarded by local rank j
-  size_t dispatch_flags;     // uint64 [R, N * max chunks]: (forwarding rank, domain, chunk)
-  size_t unpermute_flags;  // uint64 [R, N * max chunks]: fused unpermute, (producer, domain, chunk)
-  size_t network_flags;    // uint64 [N, max chunks]: dispatch chunks from the peer of domain n
-  size_t combine_flags;    // uint64 [N, max chunks]: combine partials from the peer of domain n
+  size_t net_rows;             // [N, T, row bytes]: dispatched rows from the peer of domain n
+  size_t net_probs;            // fp32 [N, T, E*R]: their probs (the receiving domain's columns)
+  size_t net_scales;           // fp32 [N, T, H/128]: their FP8 scales
+  size_t restriped_probs;      // fp32 [N, T, E*R]: this rank's probs, destination-major
+  size_t staged_rows;          // [T, row bytes]: this rank's rows, for registered-source puts
+  size_t staged_scales;        // fp32 [T, H/128]
+  size_t partials;             // fp32 [N, T, H]: combine sums of this domain per forwarded token
+  size_t partial_probs;        // fp32 [N, T, E*R]
+  size_t net_partials;         // fp32 [N, T, H]: partial sums of this rank's tokens from domain n
+  size_t net_partial_probs;    // fp32 [N, T, E*R]
+  size_t barrier_flags;        // uint64 [R]: one per sending local rank
+  size_t allgather_flags;      // uint64 [R]
+  size_t forward_flags;        // uint64 [R]: the other domains' maps forwarded by local rank j
+  size_t dispatch_flags;       // uint64 [R, N * max chunks]: (forwarding rank, domain, chunk)
+  size_t unpermute_flags;      // uint64 [R, N * max chunks, kUnpermuteSlices]: fused unpermute
+  size_t network_flags;        // uint64 [N, max chunks]: dispatch chunks from the peer of domain n
+  size_t combine_flags;        // uint64 [N, max chunks]: combine partials from the peer of domain n
   size_t net_barrier_flags;    // uint64 [N]
   size_t net_allgather_flags;  // uint64 [N]
   size_t flags_begin, flags_end;
@@ -94,7 +98,8 @@ struct BufferLayout {
     l.allgather_flags = take(sizeof(uint64_t) * s.ranks);
     l.forward_flags = take(sizeof(uint64_t) * s.ranks);
     l.dispatch_flags = take(sizeof(uint64_t) * s.ranks * s.nodes() * s.max_chunks());
-    l.unpermute_flags = take(sizeof(uint64_t) * s.ranks * s.nodes() * s.max_chunks());
+    l.unpermute_flags =
+        take(sizeof(uint64_t) * s.ranks * s.nodes() * s.max_chunks() * kUnpermuteSlices);
     l.network_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
     l.combine_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
     l.net_barrier_flags = take(sizeof(uint64_t) * s.nodes());
