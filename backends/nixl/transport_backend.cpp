@@ -127,6 +127,13 @@ void TransportHost::connect(const std::vector<std::string>& blobs) {
     HYBRID_EP_CUDA_CHECK(cudaGetLastError());
     HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
   }
+  std::vector<uint8_t*> mapped(size_t(nodes_), nullptr);
+  HYBRID_EP_CUDA_CHECK(
+      cudaMemcpy(mapped.data(), mapped_, sizeof(uint8_t*) * mapped.size(), cudaMemcpyDeviceToHost));
+  needs_registered_ = false;
+  for (int n = 0; n < nodes_; ++n) {
+    if (n != node_rank_ && mapped[size_t(n)] == nullptr) needs_registered_ = true;
+  }
   connected_ = true;
 }
 

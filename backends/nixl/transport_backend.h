@@ -78,6 +78,9 @@ class TransportHost {
   // which releases them after this object is gone.
   void connect(const std::vector<std::string>& blobs);
   TransportContext context() const;
+  // After connect: false when every other domain's peer is mapped into this process (all puts
+  // are then our stores, which read any device memory), so dispatch need not stage its rows.
+  bool needs_registered_sources() const { return needs_registered_; }
   std::vector<ChannelCounters> counters() const;
   void reset_counters();
 
@@ -93,6 +96,7 @@ class TransportHost {
   uint8_t** mapped_ = nullptr;                                 // device
   bool direct_ = true;  // options["nixl_direct"]: use the peers UCX maps into this process
   bool connected_ = false;
+  bool needs_registered_ = true;
 };
 
 }  // namespace hybrid_ep

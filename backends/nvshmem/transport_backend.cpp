@@ -129,6 +129,10 @@ void TransportHost::connect(const std::vector<std::string>& blobs) {
   }
   HYBRID_EP_CUDA_CHECK(
       cudaMemcpy(mapped_, mapped.data(), sizeof(uint8_t*) * mapped.size(), cudaMemcpyHostToDevice));
+  needs_registered_ = false;
+  for (int n = 0; n < nodes_; ++n) {
+    if (n != node_rank_ && mapped[size_t(n)] == nullptr) needs_registered_ = true;
+  }
   connected_ = true;
 }
 

@@ -65,6 +65,9 @@ class TransportHost {
   std::string bootstrap() const { return std::string(); }  // NVSHMEM addresses every PE
   void connect(const std::vector<std::string>& blobs);
   TransportContext context() const;
+  // After connect: false when every other domain's peer is mapped into this process (all puts
+  // are then our stores, which read any device memory), so dispatch need not stage its rows.
+  bool needs_registered_sources() const { return needs_registered_; }
   std::vector<ChannelCounters> counters() const;
   void reset_counters();
 
@@ -75,6 +78,7 @@ class TransportHost {
   uint8_t** mapped_ = nullptr;  // device
   bool direct_ = true;          // options["nvshmem_direct"]: store into the peers NVSHMEM maps
   bool connected_ = false;
+  bool needs_registered_ = true;
 };
 
 }  // namespace hybrid_ep

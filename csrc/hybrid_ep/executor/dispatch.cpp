@@ -78,7 +78,7 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
 
 const void* network_source(Runtime& runtime, const void* source, size_t bytes,
                            size_t registered_offset, cudaStream_t stream) {
-  if (!TransportHost::kRegisteredSources || bytes == 0) return source;
+  if (!runtime.needs_registered_sources() || bytes == 0) return source;
   uint8_t* staged = runtime.registered() + registered_offset;
   HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(staged, source, bytes, cudaMemcpyDeviceToDevice, stream));
   return staged;

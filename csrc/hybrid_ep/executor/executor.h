@@ -137,7 +137,7 @@ struct CombineCall {
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
 // Where a network put may read `bytes` of `source` from: `source` itself, or, when the backend's
-// puts read only registered memory (TransportHost::kRegisteredSources), a copy of it enqueued
+// puts read only registered memory (Runtime::needs_registered_sources), a copy of it enqueued
 // at `registered_offset` of this rank's registered buffer.
 const void* network_source(Runtime& runtime, const void* source, size_t bytes,
                            size_t registered_offset, cudaStream_t stream);

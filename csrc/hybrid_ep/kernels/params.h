@@ -126,7 +126,7 @@ struct DispatchParams {
   const bool* attn_to_rdma_map;        // handle entry 2: [T, N-1] (several domains)
   const float* restriped_probs;        // [N, T, E*R] (several domains, with probs)
   const uint8_t* net_hidden;           // what the network leg sends: hidden, or its registered copy
-  const float* net_scales_src;         // (TransportHost::kRegisteredSources); the same for scales
+  const float* net_scales_src;         // (Runtime::needs_registered_sources); the same for scales
   int num_tokens;
   int max_tokens;
   int row_bytes;

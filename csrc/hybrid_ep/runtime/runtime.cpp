@@ -127,6 +127,10 @@ void Runtime::open_peers(const std::vector<std::string>& handles) {
   connected_ = true;
 }
 
+bool Runtime::needs_registered_sources() const {
+  return hybrid_ep::needs_registered_sources(*transport_);
+}
+
 void Runtime::connect_transport(const std::vector<std::string>& blobs) {
   transport_->connect(blobs);
   transport_context_ = transport_->context();

@@ -75,6 +75,8 @@ class Runtime {
   std::string transport_bootstrap() const { return transport_->bootstrap(); }
   void connect_transport(const std::vector<std::string>& blobs);
   const TransportContext& transport() const;
+  // Whether network puts must read registered memory (dispatch then stages its rows there).
+  bool needs_registered_sources() const;
   // The same transport with its own counters, for control traffic (barrier, routing
   // all-gather), so that transport_counters() shows the data path alone.
   const TransportContext& control_transport() const;

@@ -33,6 +33,10 @@
 //                                                  library whose remote writes must land in
 //                                                  memory it allocated; default: an IPC or
 //                                                  fabric SymmetricBuffer
+//     bool needs_registered_sources() const       after connect(): whether puts must read
+//                                                  registered memory after all (false when
+//                                                  every peer is mapped and puts are our own
+//                                                  stores); default: kRegisteredSources
 //     static std::string unique_id()              bytes one rank makes and the whole group
 //                                                  receives before building its runtimes
 //                                                  (RuntimeConfig::transport_options); default:

@@ -41,6 +41,13 @@ struct HasVersionMismatch<
     T, std::void_t<decltype(T::version_mismatch(int(), int(), int(), int(), int(), int()))>>
     : std::true_type {};
 
+template <typename T, typename = void>
+struct HasNeedsRegisteredSources : std::false_type {};
+template <typename T>
+struct HasNeedsRegisteredSources<
+    T, std::void_t<decltype(std::declval<const T&>().needs_registered_sources())>>
+    : std::true_type {};
+
 // The optional diagnostics as _C functions, where the backend has them. Templates, so that
 // the branch a backend lacks is never instantiated (if constexpr discards only there).
 template <typename Module, typename Host = TransportHost>
@@ -66,6 +73,19 @@ std::unique_ptr<SymmetricBuffer> make_registered_buffer(const TransportSetup& se
   } else {
     (void)setup;
     return std::make_unique<SymmetricBuffer>(bytes, kind);
+  }
+}
+
+// Whether this connected transport's puts must read registered memory: the backend's answer
+// (e.g. not when every peer is mapped into this process and puts are our stores), else its
+// compile-time kRegisteredSources.
+template <typename Host>
+bool needs_registered_sources(const Host& host) {
+  if constexpr (hooks::HasNeedsRegisteredSources<Host>::value) {
+    return host.needs_registered_sources();
+  } else {
+    (void)host;
+    return Host::kRegisteredSources;
   }
 }
 
