@@ -54,14 +54,7 @@ TransportHost::TransportHost(const TransportSetup& setup)
       node_rank_(setup.node_rank),
       channels_(setup.channels) {
   setup.check();
-  const auto direct = setup.options.find("nixl_direct");
-  if (direct != setup.options.end()) {
-    if (direct->second != "0" && direct->second != "1") {
-      throw std::invalid_argument("nixl transport: option nixl_direct='" + direct->second +
-                                  "', expected 0 or 1");
-    }
-    direct_ = direct->second == "1";
-  }
+  direct_ = setup.flag_option("nixl", "nixl_direct", true);
   counters_ = allocate_counters(channels_);
   mapped_ = device_zeros<uint8_t*>(size_t(nodes_));
   fault_ = device_zeros<unsigned int>(1);
@@ -130,10 +123,7 @@ void TransportHost::connect(const std::vector<std::string>& blobs) {
   std::vector<uint8_t*> mapped(size_t(nodes_), nullptr);
   HYBRID_EP_CUDA_CHECK(
       cudaMemcpy(mapped.data(), mapped_, sizeof(uint8_t*) * mapped.size(), cudaMemcpyDeviceToHost));
-  needs_registered_ = false;
-  for (int n = 0; n < nodes_; ++n) {
-    if (n != node_rank_ && mapped[size_t(n)] == nullptr) needs_registered_ = true;
-  }
+  needs_registered_ = some_peer_unmapped(mapped, node_rank_);
   connected_ = true;
 }
 

@@ -86,14 +86,7 @@ TransportHost::TransportHost(const TransportSetup& setup)
         "nvshmem transport: the registered buffer must come from "
         "make_registered (a symmetric allocation)");
   }
-  const auto direct = setup.options.find("nvshmem_direct");
-  if (direct != setup.options.end()) {
-    if (direct->second != "0" && direct->second != "1") {
-      throw std::invalid_argument("nvshmem transport: option nvshmem_direct='" + direct->second +
-                                  "', expected 0 or 1");
-    }
-    direct_ = direct->second == "1";
-  }
+  direct_ = setup.flag_option("nvshmem", "nvshmem_direct", true);
   counters_ = allocate_counters(channels_);
   mapped_ = device_zeros<uint8_t*>(size_t(nodes_));
 }
@@ -129,10 +122,7 @@ void TransportHost::connect(const std::vector<std::string>& blobs) {
   }
   HYBRID_EP_CUDA_CHECK(
       cudaMemcpy(mapped_, mapped.data(), sizeof(uint8_t*) * mapped.size(), cudaMemcpyHostToDevice));
-  needs_registered_ = false;
-  for (int n = 0; n < nodes_; ++n) {
-    if (n != node_rank_ && mapped[size_t(n)] == nullptr) needs_registered_ = true;
-  }
+  needs_registered_ = some_peer_unmapped(mapped, node_rank_);
   connected_ = true;
 }
 

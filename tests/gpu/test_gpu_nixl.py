@@ -13,9 +13,8 @@ import sys
 
 import gpu_env
 import pytest
-from gpu_env import gpu_marks, placement_param
-from gpu_specs import make_spec, report, spec_id
-from test_gpu_multi_domain import MATRIX
+from gpu_env import gpu_marks
+from gpu_library_puts import MATRIX_PARAMS, run_counters_case, run_matrix_case
 
 from hybrid_ep import native
 
@@ -70,22 +69,11 @@ def test_bad_views_fail_at_connect_naming_the_domain(version, fragment, domain):
 UCX_ONLY = {"HYBRID_EP_NIXL_DIRECT": "0"}
 
 
-@pytest.mark.parametrize(
-    "W,placement,R,case",
-    [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}")
-     for N, R, case in MATRIX if N * R <= 8])
+@pytest.mark.parametrize("W,placement,R,case", MATRIX_PARAMS)
 def test_dispatch_combine_through_ucx_puts(gpu_pools, record_property, W, placement, R, case):
-    spec = make_spec(W, **case)
-    spec["R"] = R
-    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
-                            environment=UCX_ONLY, case="dispatch_combine", spec=spec)
-    report(record_property, results, label=f"{W // R}x{R} ucx puts tokens={spec['tokens']}")
+    run_matrix_case(gpu_pools, record_property, W, placement, R, case, UCX_ONLY, "ucx puts")
 
 
 @pytest.mark.parametrize("channels", [1, 4])
 def test_counters_through_ucx_puts(gpu_pools, channels):
-    W, R = 8, 2
-    results = gpu_pools.run(W, "shared", "under_env", module="gpu_multi_domain_cases",
-                            environment=UCX_ONLY, case="counters", R=R, pattern="runs",
-                            dtype="fp8", with_probs=True, channels=channels, tokens=200)
-    assert all(r["cuda_dispatch"]["puts"] > 0 for r in results), results
+    run_counters_case(gpu_pools, channels, UCX_ONLY)

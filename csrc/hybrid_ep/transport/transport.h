@@ -78,6 +78,18 @@ struct TransportSetup {
   int ranks = 1;       // ranks per domain: the peer of domain n is global rank n*ranks+local_rank
   int local_rank = 0;  // this rank's index in its domain
 
+  // A "0"/"1" option of `backend` (fallback when absent); throws std::invalid_argument
+  // naming the backend, the key and the value otherwise.
+  bool flag_option(const std::string& backend, const std::string& key, bool fallback) const {
+    const auto it = options.find(key);
+    if (it == options.end()) return fallback;
+    if (it->second != "0" && it->second != "1") {
+      throw std::invalid_argument(backend + " transport: option " + key + "='" + it->second +
+                                  "', expected 0 or 1");
+    }
+    return it->second == "1";
+  }
+
   // Every backend's constructor starts here; throws std::invalid_argument.
   void check() const {
     if (nodes < 1 || node_rank < 0 || node_rank >= nodes || channels < 1 || ranks < 1 ||

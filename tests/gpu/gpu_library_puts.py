@@ -1,0 +1,31 @@
+"""The multi-domain matrix and the counter test run again with a backend's own device puts and
+signals, its mapped-peer shortcut switched off by an environment variable (nixl:
+HYBRID_EP_NIXL_DIRECT=0, nvshmem: HYBRID_EP_NVSHMEM_DIRECT=0). Shared by test_gpu_nixl.py and
+test_gpu_nvshmem.py."""
+
+from __future__ import annotations
+
+from gpu_env import placement_param
+from gpu_specs import make_spec, report, spec_id
+from test_gpu_multi_domain import MATRIX
+
+# (W, placement, R, case) of every multi-domain matrix case that fits eight ranks.
+MATRIX_PARAMS = [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}")
+                 for N, R, case in MATRIX if N * R <= 8]
+
+
+def run_matrix_case(gpu_pools, record_property, W, placement, R, case, environment: dict,
+                    label: str) -> None:
+    spec = make_spec(W, **case)
+    spec["R"] = R
+    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
+                            environment=environment, case="dispatch_combine", spec=spec)
+    report(record_property, results, label=f"{W // R}x{R} {label} tokens={spec['tokens']}")
+
+
+def run_counters_case(gpu_pools, channels: int, environment: dict) -> None:
+    W, R = 8, 2
+    results = gpu_pools.run(W, "shared", "under_env", module="gpu_multi_domain_cases",
+                            environment=environment, case="counters", R=R, pattern="runs",
+                            dtype="fp8", with_probs=True, channels=channels, tokens=200)
+    assert all(r["cuda_dispatch"]["puts"] > 0 for r in results), results
