@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "hybrid_ep/transport/counting.cuh"
+#include "hybrid_ep/transport/registered_source.cuh"
 #include "transport_backend.h"
 #include "wqe_batch.cuh"
 
@@ -17,13 +19,10 @@ namespace hybrid_ep {
 struct TransportDevice {
   __device__ static void put(const TransportContext& ctx, int channel, int node,
                              size_t remote_offset, const void* src, size_t bytes, int lane) {
-    if (lane == 0) {
-      atomicAdd(&ctx.counters[channel].puts, 1ull);
-      atomicAdd(&ctx.counters[channel].bytes, static_cast<unsigned long long>(bytes));
-    }
-    const uint64_t local = uint64_t(static_cast<const uint8_t*>(src) - ctx.local_base);
-    if (local >= ctx.local_bytes || bytes > ctx.local_bytes - local) {
-      if (lane == 0) atomicOr(ctx.fault, unsigned(kDocaFaultSourceOutside));
+    count_put(ctx.counters, channel, bytes, lane);
+    uint64_t local;
+    if (!registered_source_offset(ctx.local_base, ctx.local_bytes, src, bytes, ctx.fault,
+                                  kDocaFaultSourceOutside, lane, &local)) {
       return;
     }
     DocaBatch* batch = doca_device::warp_batch(ctx);
@@ -57,7 +56,7 @@ struct TransportDevice {
 
   __device__ static void signal(const TransportContext& ctx, int channel, int node,
                                 size_t flag_offset, uint64_t value, int lane) {
-    if (lane == 0) atomicAdd(&ctx.counters[channel].signals, 1ull);
+    count_signal(ctx.counters, channel, lane);
     const doca_device::Signal signal{flag_offset, value};
     DocaBatch* batch = doca_device::warp_batch(ctx);
     if (batch != nullptr && batch->count > 0) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/transport/registered_source.cuh"
 #include "hybrid_ep/transport/warp_copy.cuh"
 #include "hybrid_ep/transport/warp_slot.cuh"
 #include "transport_backend.h"
@@ -58,17 +59,14 @@ __device__ inline void complete(const TransportContext& ctx, NixlPending* slot, 
 struct TransportDevice {
   __device__ static void put(const TransportContext& ctx, int channel, int node,
                              size_t remote_offset, const void* src, size_t bytes, int lane) {
-    if (lane == 0) {
-      atomicAdd(&ctx.counters[channel].puts, 1ull);
-      atomicAdd(&ctx.counters[channel].bytes, static_cast<unsigned long long>(bytes));
-    }
     if (uint8_t* mapped = ctx.mapped[node]) {
-      warp_copy(mapped + remote_offset, src, bytes, lane);
+      mapped_put(ctx.counters, channel, mapped + remote_offset, src, bytes, lane);
       return;
     }
-    const uint64_t local = uint64_t(static_cast<const uint8_t*>(src) - ctx.local_base);
-    if (local >= ctx.local_bytes || bytes > ctx.local_bytes - local) {
-      if (lane == 0) atomicOr(ctx.fault, unsigned(kNixlFaultSourceOutside));
+    count_put(ctx.counters, channel, bytes, lane);
+    uint64_t local;
+    if (!registered_source_offset(ctx.local_base, ctx.local_bytes, src, bytes, ctx.fault,
+                                  kNixlFaultSourceOutside, lane, &local)) {
       return;
     }
     NixlPending* slot = nixl_device::warp_slot(ctx);
@@ -95,9 +93,8 @@ struct TransportDevice {
   __device__ static void signal(const TransportContext& ctx, int channel, int node,
                                 size_t flag_offset, uint64_t value, int lane) {
     if (uint8_t* mapped = ctx.mapped[node]) {
-      mapped_signal(reinterpret_cast<uint64_t*>(mapped + flag_offset), value, lane);
-      if (lane == 0) atomicAdd(&ctx.counters[channel].signals, 1ull);
-      __syncwarp();
+      mapped_signal_counted(ctx.counters, channel,
+                            reinterpret_cast<uint64_t*>(mapped + flag_offset), value, lane);
       return;
     }
     // Every lane's share of the earlier puts before the add (cuda_ipc copies with all lanes).
@@ -107,11 +104,9 @@ struct TransportDevice {
     if (*static_cast<volatile unsigned int*>(ctx.fault) != 0) return;
     const ucs_status_t status =
         ucx_device::counter_add(ctx.remote_views[node], flag_offset, value, unsigned(channel));
-    if (lane == 0) {
-      atomicAdd(&ctx.counters[channel].signals, 1ull);
-      if (status != UCS_OK && status != UCS_INPROGRESS) {
-        atomicOr(ctx.fault, unsigned(kNixlFaultPost));
-      }
+    count_signal(ctx.counters, channel, lane);
+    if (lane == 0 && status != UCS_OK && status != UCS_INPROGRESS) {
+      atomicOr(ctx.fault, unsigned(kNixlFaultPost));
     }
     __syncwarp();
   }

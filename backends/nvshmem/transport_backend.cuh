@@ -29,14 +29,11 @@ struct TransportDevice {
   __device__ static void put(const TransportContext& ctx, int channel, int node,
                              size_t remote_offset, const void* src, size_t bytes, int lane) {
     if (uint8_t* mapped = ctx.mapped[node]) {
-      warp_copy(mapped + remote_offset, src, bytes, lane);
-    } else {
-      nvshmemx_putmem_nbi_warp(ctx.base + remote_offset, src, bytes, pe(ctx, node));
+      mapped_put(ctx.counters, channel, mapped + remote_offset, src, bytes, lane);
+      return;
     }
-    if (lane == 0) {
-      atomicAdd(&ctx.counters[channel].puts, 1ull);
-      atomicAdd(&ctx.counters[channel].bytes, static_cast<unsigned long long>(bytes));
-    }
+    nvshmemx_putmem_nbi_warp(ctx.base + remote_offset, src, bytes, pe(ctx, node));
+    count_put(ctx.counters, channel, bytes, lane);
   }
 
   __device__ static void signal(const TransportContext& ctx, int channel, int node,
@@ -44,9 +41,8 @@ struct TransportDevice {
     if (uint8_t* mapped = ctx.mapped[node]) {
       // Orders this warp's stores (every lane's) before the add; a mapped peer got no
       // NVSHMEM put, so there is nothing for nvshmem_fence to order.
-      mapped_signal(reinterpret_cast<uint64_t*>(mapped + flag_offset), value, lane);
-      if (lane == 0) atomicAdd(&ctx.counters[channel].signals, 1ull);
-      __syncwarp();
+      mapped_signal_counted(ctx.counters, channel,
+                            reinterpret_cast<uint64_t*>(mapped + flag_offset), value, lane);
       return;
     }
     __syncwarp();  // every lane's part of the earlier puts is issued before lane 0 fences
@@ -54,8 +50,8 @@ struct TransportDevice {
       nvshmem_fence();
       nvshmemx_signal_op(reinterpret_cast<uint64_t*>(ctx.base + flag_offset), value,
                          NVSHMEM_SIGNAL_ADD, pe(ctx, node));
-      atomicAdd(&ctx.counters[channel].signals, 1ull);
     }
+    count_signal(ctx.counters, channel, lane);
     __syncwarp();
   }
 

@@ -13,18 +13,14 @@ namespace hybrid_ep {
 struct TransportDevice {
   __device__ static void put(const TransportContext& ctx, int channel, int node,
                              size_t remote_offset, const void* src, size_t bytes, int lane) {
-    warp_copy(ctx.node_bases[node] + remote_offset, src, bytes, lane);
-    if (lane == 0) {
-      atomicAdd(&ctx.counters[channel].puts, 1ull);
-      atomicAdd(&ctx.counters[channel].bytes, static_cast<unsigned long long>(bytes));
-    }
+    mapped_put(ctx.counters, channel, ctx.node_bases[node] + remote_offset, src, bytes, lane);
   }
 
   __device__ static void signal(const TransportContext& ctx, int channel, int node,
                                 size_t flag_offset, uint64_t value, int lane) {
-    mapped_signal(reinterpret_cast<uint64_t*>(ctx.node_bases[node] + flag_offset), value, lane);
-    if (lane == 0) atomicAdd(&ctx.counters[channel].signals, 1ull);
-    __syncwarp();
+    mapped_signal_counted(ctx.counters, channel,
+                          reinterpret_cast<uint64_t*>(ctx.node_bases[node] + flag_offset), value,
+                          lane);
   }
 
   __device__ static void flush(const TransportContext&, int, int) { __syncwarp(); }

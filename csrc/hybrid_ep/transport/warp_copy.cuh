@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/transport/counting.cuh"
 
 namespace hybrid_ep {
 
@@ -40,6 +41,21 @@ __device__ __forceinline__ void mapped_signal(uint64_t* flag, uint64_t value, in
     __threadfence_system();
     ptx::add_release_sys(flag, value);
   }
+  __syncwarp();
+}
+
+// A put and a signal to a peer mapped into this process (p2p always; nixl and nvshmem where
+// their library maps the peer): our warp's stores, counted like every put and signal.
+__device__ __forceinline__ void mapped_put(ChannelCounters* counters, int channel, uint8_t* dst,
+                                           const void* src, size_t bytes, int lane) {
+  warp_copy(dst, src, bytes, lane);
+  count_put(counters, channel, bytes, lane);
+}
+
+__device__ __forceinline__ void mapped_signal_counted(ChannelCounters* counters, int channel,
+                                                      uint64_t* flag, uint64_t value, int lane) {
+  mapped_signal(flag, value, lane);
+  count_signal(counters, channel, lane);
   __syncwarp();
 }
 
