@@ -8,27 +8,15 @@
 # Sets DocaGpunetio_FOUND, DocaGpunetio_INCLUDE_DIR, DocaGpunetio_VERSION and the target
 # DocaGpunetio::headers.
 
+include(HybridEPLocate)
 set(_doca_hints "")
-if(DEFINED DOCA_HOME)
-  list(APPEND _doca_hints "${DOCA_HOME}/include" "${DOCA_HOME}/include/gpunetio")
-elseif(DEFINED ENV{DOCA_HOME})
-  list(APPEND _doca_hints "$ENV{DOCA_HOME}/include" "$ENV{DOCA_HOME}/include/gpunetio")
+hybrid_ep_home(DOCA_HOME _doca_home)
+if(_doca_home)
+  list(APPEND _doca_hints "${_doca_home}/include" "${_doca_home}/include/gpunetio")
 endif()
-
-# The wheel: ask the build's Python where nvidia.nvshmem lives (a namespace package).
-if(NOT Python_EXECUTABLE)
-  find_package(Python 3.10 QUIET COMPONENTS Interpreter)
-endif()
-set(_doca_wheel_dir "")
-if(Python_EXECUTABLE)
-  execute_process(
-    COMMAND "${Python_EXECUTABLE}" -c
-            "import nvidia.nvshmem as m; print(list(m.__path__)[0])"
-    OUTPUT_VARIABLE _doca_wheel_dir OUTPUT_STRIP_TRAILING_WHITESPACE
-    RESULT_VARIABLE _doca_rc ERROR_QUIET)
-  if(_doca_rc EQUAL 0 AND _doca_wheel_dir)
-    list(APPEND _doca_hints "${_doca_wheel_dir}/include/gpunetio")
-  endif()
+hybrid_ep_python_package_dir(nvidia.nvshmem _doca_wheel_dir)
+if(_doca_wheel_dir)
+  list(APPEND _doca_hints "${_doca_wheel_dir}/include/gpunetio")
 endif()
 
 find_path(DocaGpunetio_INCLUDE_DIR

@@ -11,28 +11,16 @@
 #                    into the final module: a shared library on nvcc's device-link line breaks
 #                    the device link.
 
+include(HybridEPLocate)
 set(_nvshmem_roots "")
-if(DEFINED NVSHMEM_HOME)
-  list(APPEND _nvshmem_roots "${NVSHMEM_HOME}")
-elseif(DEFINED ENV{NVSHMEM_HOME})
-  list(APPEND _nvshmem_roots "$ENV{NVSHMEM_HOME}")
-endif()
-
-# The wheel: ask the build's Python where nvidia.nvshmem lives (a namespace package, so
-# __path__, not __file__).
-if(NOT Python_EXECUTABLE)
-  find_package(Python 3.10 QUIET COMPONENTS Interpreter)
+hybrid_ep_home(NVSHMEM_HOME _nvshmem_home)
+if(_nvshmem_home)
+  list(APPEND _nvshmem_roots "${_nvshmem_home}")
 endif()
 set(NVSHMEM_FROM_WHEEL OFF)
-if(Python_EXECUTABLE)
-  execute_process(
-    COMMAND "${Python_EXECUTABLE}" -c
-            "import nvidia.nvshmem as m; print(list(m.__path__)[0])"
-    OUTPUT_VARIABLE _nvshmem_wheel_dir OUTPUT_STRIP_TRAILING_WHITESPACE
-    RESULT_VARIABLE _nvshmem_rc ERROR_QUIET)
-  if(_nvshmem_rc EQUAL 0 AND _nvshmem_wheel_dir)
-    list(APPEND _nvshmem_roots "${_nvshmem_wheel_dir}")
-  endif()
+hybrid_ep_python_package_dir(nvidia.nvshmem _nvshmem_wheel_dir)
+if(_nvshmem_wheel_dir)
+  list(APPEND _nvshmem_roots "${_nvshmem_wheel_dir}")
 endif()
 
 set(_nvshmem_include_hints "")

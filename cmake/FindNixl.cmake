@@ -10,13 +10,10 @@
 # (The messages hold no ";": it would split them into arguments.)
 # Sets Nixl_FOUND, Nixl_RUNTIME (the library or bindings found) and Nixl_UCX_PLUGIN.
 
+include(HybridEPLocate)
 set(_nixl_lib_hints "")
 set(_nixl_plugin_hints "")
-if(DEFINED NIXL_HOME)
-  set(_nixl_home "${NIXL_HOME}")
-elseif(DEFINED ENV{NIXL_HOME})
-  set(_nixl_home "$ENV{NIXL_HOME}")
-endif()
+hybrid_ep_home(NIXL_HOME _nixl_home)
 if(_nixl_home)
   foreach(_lib lib lib64 lib/x86_64-linux-gnu lib/aarch64-linux-gnu)
     list(APPEND _nixl_lib_hints "${_nixl_home}/${_lib}")
@@ -24,20 +21,13 @@ if(_nixl_home)
   endforeach()
 endif()
 
-if(NOT Python_EXECUTABLE)
-  find_package(Python 3.10 QUIET COMPONENTS Interpreter)
+set(_nixl_wheel_dir "")
+if(NOT _nixl_home)  # its import would load UCX: located, not imported
+  hybrid_ep_python_package_dir(nixl_cu13 _nixl_wheel_dir)
 endif()
-if(Python_EXECUTABLE AND NOT _nixl_home)
-  # find_spec locates the package without importing it (its import loads UCX).
-  execute_process(
-    COMMAND "${Python_EXECUTABLE}" -c
-            "import importlib.util as u; print(list(u.find_spec('nixl_cu13').submodule_search_locations)[0])"
-    OUTPUT_VARIABLE _nixl_wheel_dir OUTPUT_STRIP_TRAILING_WHITESPACE
-    RESULT_VARIABLE _nixl_rc ERROR_QUIET)
-  if(_nixl_rc EQUAL 0 AND _nixl_wheel_dir)
-    list(APPEND _nixl_lib_hints "${_nixl_wheel_dir}")
-    list(APPEND _nixl_plugin_hints "${_nixl_wheel_dir}/../nixl_cu13.libs/nixl")
-  endif()
+if(_nixl_wheel_dir)
+  list(APPEND _nixl_lib_hints "${_nixl_wheel_dir}")
+  list(APPEND _nixl_plugin_hints "${_nixl_wheel_dir}/../nixl_cu13.libs/nixl")
 endif()
 
 find_library(Nixl_RUNTIME NAMES nixl HINTS ${_nixl_lib_hints} NO_DEFAULT_PATH)

@@ -7,25 +7,15 @@
 #   2. The libucx-cu13 wheel of the Python that builds (libucx/include): cuda_ipc device code.
 # Sets UcxDevice_FOUND, UcxDevice_INCLUDE_DIR, UcxDevice_VERSION.
 
+include(HybridEPLocate)
 set(_ucx_hints "")
-if(DEFINED UCX_HOME)
-  list(APPEND _ucx_hints "${UCX_HOME}/include")
-elseif(DEFINED ENV{UCX_HOME})
-  list(APPEND _ucx_hints "$ENV{UCX_HOME}/include")
+hybrid_ep_home(UCX_HOME _ucx_home)
+if(_ucx_home)
+  list(APPEND _ucx_hints "${_ucx_home}/include")
 endif()
-
-if(NOT Python_EXECUTABLE)
-  find_package(Python 3.10 QUIET COMPONENTS Interpreter)
-endif()
-set(_ucx_wheel_dir "")
-if(Python_EXECUTABLE)
-  execute_process(
-    COMMAND "${Python_EXECUTABLE}" -c "import libucx as m; print(list(m.__path__)[0])"
-    OUTPUT_VARIABLE _ucx_wheel_dir OUTPUT_STRIP_TRAILING_WHITESPACE
-    RESULT_VARIABLE _ucx_rc ERROR_QUIET)
-  if(_ucx_rc EQUAL 0 AND _ucx_wheel_dir)
-    list(APPEND _ucx_hints "${_ucx_wheel_dir}/include")
-  endif()
+hybrid_ep_python_package_dir(libucx _ucx_wheel_dir)
+if(_ucx_wheel_dir)
+  list(APPEND _ucx_hints "${_ucx_wheel_dir}/include")
 endif()
 
 find_path(UcxDevice_INCLUDE_DIR

@@ -32,6 +32,14 @@ run() {
   "$@"
 }
 
+# One transport's CMake preset, configured with the Python that builds (its wheels hold the
+# headers and libraries the find modules look for), then built.
+build_preset() {
+  echo "== $1 transport: compile and link (cmake --preset $1)"
+  run cmake --preset "$1" -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
+  run cmake --build --preset "$1"
+}
+
 echo "== hybrid-ep setup: $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
 
 # 1. torch. An installed torch, CUDA build or not, is never touched. Otherwise install the
@@ -96,18 +104,14 @@ PY
     nvshmem=headers
   fi
   if [ -n "${DOCA_HOME:-}" ] || [ "$nvshmem" = "headers" ]; then
-    echo "== doca transport: compile and link (cmake --preset doca)"
-    run cmake --preset doca -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
-    run cmake --build --preset doca
+    build_preset doca
   else
     echo "== doca transport: skipped (installed nvidia-nvshmem-cu13 ${nvshmem#no-headers } has"
     echo "   no DOCA GPUNetIO headers and stays as it is; set DOCA_HOME to build the doca preset)"
   fi
   # The nixl transport (preset nixl): UCX's device headers from libucx-cu13 and the NIXL
   # runtime check against nixl-cu13, both test extras; tests/test_nixl_build.py loads it.
-  echo "== nixl transport: compile and link (cmake --preset nixl)"
-  run cmake --preset nixl -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
-  run cmake --build --preset nixl
+  build_preset nixl
 
   # 5. The nvshmem transport's build (preset nvshmem): NVSHMEM's headers, libnvshmem_device.a
   # and libnvshmem_host.so.3 from NVSHMEM_HOME or the installed nvidia-nvshmem-cu13 (whatever
@@ -128,9 +132,7 @@ print("usable" if not missing else "incomplete " + ",".join(missing))
 PY
 )
   if [ -n "${NVSHMEM_HOME:-}" ] || [ "$nvshmem_lib" = "usable" ]; then
-    echo "== nvshmem transport: compile and link (cmake --preset nvshmem)"
-    run cmake --preset nvshmem -DPython_EXECUTABLE="$("$py" -c 'import sys; print(sys.executable)')"
-    run cmake --build --preset nvshmem
+    build_preset nvshmem
   else
     echo "== nvshmem transport: skipped (nvidia-nvshmem-cu13: $nvshmem_lib; set NVSHMEM_HOME"
     echo "   or install nvidia-nvshmem-cu13 to build the nvshmem preset)"
