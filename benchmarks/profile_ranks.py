@@ -3,7 +3,7 @@ profilers (no MPS needed for ncu: it serialises the profiled kernels; the ranks'
 time-slice), optionally split into NVLink domains (--nodes).
 
     ncu --clock-control none -k regex:combine_kernel -c 1 \\
-        python3 benchmarks/profile_ranks.py [--ranks 2] [--permute]
+        python3 benchmarks/profile_ranks.py [--ranks 2] [--permute [--fused BLOCKS]]
 
 With --torch-profile (under MPS) rank 0 prints its GPU time per kernel over the calls after a
 warm-up call, e.g. where a multi-domain call's time goes:
@@ -33,7 +33,9 @@ def rank_main(rank: int, args) -> None:
     H, T, E = args.hidden, args.tokens, args.experts
     buf = HybridEPBuffer(dist.group.WORLD, H, T, E, num_sms_dispatch_api=args.sms,
                          num_sms_combine_api=args.sms, num_sms_preprocessing_api=args.sms,
-                         num_of_hybrid_ep_ranks_per_nvlink_domain=args.ranks // args.nodes)
+                         num_of_hybrid_ep_ranks_per_nvlink_domain=args.ranks // args.nodes,
+                         num_blocks_permute=args.fused or None,
+                         num_blocks_unpermute=args.fused or None)
     experts = E * args.ranks
 
     def call():
@@ -42,9 +44,10 @@ def rank_main(rank: int, args) -> None:
         w = torch.rand(T, args.topk, device="cuda")
         if args.permute:
             out = buf.dispatch_with_permute(hidden=x, topk_idx=idx, topk_weights=w,
-                                            num_of_experts=experts, pad_multiple=16)
+                                            num_of_experts=experts, pad_multiple=16,
+                                            fuse_permute_dispatch=bool(args.fused))
             buf.combine_with_unpermute(hidden=out[0], probs=out[1], handle=out[4],
-                                       pad_multiple=16)
+                                       pad_multiple=16, fuse_unpermute_combine=bool(args.fused))
         else:
             out, probs, _, handle = buf.dispatch(x, topk_idx=idx, topk_weights=w,
                                                  num_of_experts=experts)
@@ -81,6 +84,8 @@ def main() -> None:
     ap.add_argument("--sms", type=int, default=8)
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--permute", action="store_true")
+    ap.add_argument("--fused", type=int, default=0, metavar="BLOCKS",
+                    help="with --permute: the fused grids with this many permute/unpermute blocks")
     ap.add_argument("--torch-profile", action="store_true",
                     help="print rank 0's GPU time per kernel (torch.profiler)")
     args = ap.parse_args()
