@@ -68,7 +68,8 @@ struct Smem {
   uint64_t* full;
   uint64_t* empty;
   ChunkRoutes loader_routes, store_routes;
-  TokenRun* runs;  // the network warps' scratch, run_count(chunk) each
+  TokenRun* runs;       // the network warps' scratch, run_count(chunk) each
+  int* chunk_arrivals;  // [2] fused with permute: store warps done with a chunk, by parity
   StageLayout layout;
   int count;
   __device__ uint8_t* stage(int s) const { return stages + size_t(s) * layout.stride; }
@@ -76,7 +77,11 @@ struct Smem {
   __host__ __device__ static size_t bytes(const DispatchParams& p) {
     const StageLayout l = StageLayout::make(p);
     return size_t(l.stride) * p.stages + 2 * sizeof(uint64_t) * p.stages +
-           2 * sizeof(int32_t) * size_t(p.chunk) * p.domain.ranks + run_bytes(p.chunk);
+           reserved_bytes(p.chunk, p.domain.ranks);
+  }
+  // Everything but the ring: routes of two chunks, the runs, the chunk arrivals.
+  __host__ __device__ static size_t reserved_bytes(int chunk, int ranks) {
+    return 2 * sizeof(int32_t) * size_t(chunk) * ranks + run_bytes(chunk) + 2 * sizeof(int);
   }
   __host__ __device__ static int run_count(int chunk) { return (chunk + 1) / 2; }
   __host__ __device__ static size_t run_bytes(int chunk) {
@@ -95,6 +100,8 @@ __device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
   s.loader_routes = ChunkRoutes{routes, p.domain.ranks};
   s.store_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
   s.runs = reinterpret_cast<TokenRun*>(routes + 2 * p.chunk * p.domain.ranks);
+  s.chunk_arrivals =
+      reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(s.runs) + Smem::run_bytes(p.chunk));
   return s;
 }
 
@@ -248,17 +255,38 @@ __device__ __forceinline__ uint64_t* chunk_flag(const DispatchParams& p, int j, 
   return reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags + slot);
 }
 
+// Lane 0 of a store warp whose bulk stores of the block's chunk number `ordinal` (chunk c of
+// domain `node`) are complete: counts the warp in; the last store warp in signals the chunk to
+// every rank of the domain. Chunks k and k + 1 are the only ones counting at any time (every
+// warp counts in for k before it passes the routes barrier of chunk k + 2), hence two counters.
+__device__ void count_in(const DispatchParams& p, int* arrivals, int ordinal, int node, int c) {
+  ptx::fence_proxy_async_global();
+  __threadfence_system();
+  if (atomicAdd(&arrivals[ordinal & 1], 1) % kStoreWarps != kStoreWarps - 1) return;
+  for (int j = 0; j < p.domain.ranks; ++j) signal_flag(chunk_flag(p, j, node, c));
+}
+
+// A chunk this store warp has not counted in for yet (fused with permute).
+struct UncountedChunk {
+  int ordinal = -1, node = 0, c = 0;
+  __device__ bool some() const { return ordinal >= 0; }
+};
+
 // Store warp `w`: consumes ring items w, w + kStoreWarps, ...; releases a stage once the bulk
 // stores that read it are done reading. The store pipe is drained once, after the block's
 // last chunk, and then every chunk of the block is signalled to every rank of the domain
 // (including ranks that got nothing from it): per-chunk drains left the pipe idle. Fused with
-// permute, each chunk is drained and signalled at once instead, so that permuting starts early.
+// permute, each chunk is signalled as soon as it is written, so that permuting starts early,
+// still without draining: a warp's first commit of the next chunk waits only for the groups
+// before it (all of the previous chunk's) and counts the warp in for that chunk.
 __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int lane) {
   const DomainView& d = p.domain;
   const int thread = w * 32 + lane;
   const bool signal_each_chunk = p.permute_blocks > 0;
   uint32_t item = 0;
   int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
+  int ordinal = 0;         // of the block's chunk
+  UncountedChunk uncounted;
   for (int step = 0; step < d.nodes; ++step) {
     const int node = domain_at(p, step);
     const RowSource src = row_source(p, node);
@@ -267,6 +295,7 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
       ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);  // done with the previous routes
       s.store_routes.load(src.routes, r.first, r.last, thread, 32 * kStoreWarps);
       ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
+      bool stored = false;  // by this warp, of this chunk
       for (int t = r.first; t < r.last; ++t) {
         const int32_t* rows = s.store_routes.token(t - r.first);
         if (!any_destination(rows, d.ranks)) continue;
@@ -279,25 +308,44 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
           if (lane == 0) store_item(p, s, s.stage(stage), d.peer(j), rows[j]);
           if (!p.side_by_tma) store_side_data_by_lanes(p, src, t, d.peer(j), rows[j], lane);
         }
+        const bool count_previous = !stored && uncounted.some();
         if (lane == 0) {
           ptx::bulk_commit();
-          ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
+          if (count_previous) {  // all groups but this one are complete: the previous chunk's
+            ptx::bulk_wait<1>();
+            count_in(p, s.chunk_arrivals, uncounted.ordinal, uncounted.node, uncounted.c);
+          } else {
+            ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
+          }
           if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
         }
+        if (count_previous) uncounted = {};
+        stored = true;
         pending_stage = stage;
       }
       if (signal_each_chunk) {
-        drain_stores(s, lane, pending_stage);
-        ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
-        for (int j = thread; j < d.ranks; j += 32 * kStoreWarps) {
-          signal_flag(chunk_flag(p, j, node, c));
+        if (stored) {
+          uncounted = {ordinal, node, c};
+        } else if (lane == 0) {  // nothing of this chunk in flight: count in for both now
+          ptx::bulk_wait<0>();
+          if (uncounted.some()) {
+            count_in(p, s.chunk_arrivals, uncounted.ordinal, uncounted.node, uncounted.c);
+          }
+          count_in(p, s.chunk_arrivals, ordinal, node, c);
         }
+        if (!stored) uncounted = {};
       }
+      ++ordinal;
     }
   }
   // Make every write of the store warps visible, then signal this block's chunks.
   drain_stores(s, lane, pending_stage);
-  if (signal_each_chunk) return;
+  if (signal_each_chunk) {
+    if (lane == 0 && uncounted.some()) {
+      count_in(p, s.chunk_arrivals, uncounted.ordinal, uncounted.node, uncounted.c);
+    }
+    return;
+  }
   ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
   const int my_chunks =
       (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
@@ -390,6 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
       ptx::mbar_init(&s.full[i], 1);
       ptx::mbar_init(&s.empty[i], 1);
     }
+    s.chunk_arrivals[0] = s.chunk_arrivals[1] = 0;
     ptx::fence_barrier_init();
   }
   __syncthreads();
@@ -427,9 +476,7 @@ bool aligned16(const void* ptr, int64_t stride_bytes) {
 
 int dispatch_min_stages() { return kMinStages; }
 
-size_t dispatch_reserved_smem(int chunk, int ranks) {
-  return 2 * sizeof(int32_t) * size_t(chunk) * ranks + Smem::run_bytes(chunk);
-}
+size_t dispatch_reserved_smem(int chunk, int ranks) { return Smem::reserved_bytes(chunk, ranks); }
 
 size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes) {
   return StageLayout::make(row_bytes, prob_bytes, scale_bytes).stride + 2 * sizeof(uint64_t);

@@ -126,20 +126,27 @@ __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, in
       const int stage = mine % ring.count;
       ptx::mbar_wait(&ring.full[stage], (mine / ring.count) & 1);
       const int32_t* slots = p.permute.dense_to_expert_map + int64_t(i) * E;
-      for (int e = 0; e < E; ++e) {
-        const int o = slots[e];
-        if (o < 0) continue;
-        if (lane == 0) {
-          ptx::bulk_store(p.permute.out + int64_t(o) * p.row_bytes, ring.stage(stage), p.row_bytes);
+      // Lane l holds expert e0 + l's output row and prob: the warp's loads are in flight at
+      // once (one after the other, they left a row's stores waiting on a chain of loads).
+      for (int e0 = 0; e0 < E; e0 += 32) {
+        const int mine_e = e0 + lane;
+        const int my_o = mine_e < E ? slots[mine_e] : -1;
+        if (probs != nullptr && my_o >= 0) {
+          p.permute.out_probs[my_o] =
+              probs[int64_t(i) * p.prob_cols + p.permute.local_prob_offset + mine_e];
         }
-        if (probs != nullptr && lane == 0) {
-          p.permute.out_probs[o] =
-              probs[int64_t(i) * p.prob_cols + p.permute.local_prob_offset + e];
-        }
-        if (scales != nullptr) {
-          for (int k = lane; k < p.scale_cols; k += 32) {
-            p.permute.out_scales[int64_t(o) * p.scale_cols + k] =
-                scales[int64_t(i) * p.scale_cols + k];
+        for (int e = 0; e < min(32, E - e0); ++e) {
+          const int o = __shfl_sync(~0u, my_o, e);
+          if (o < 0) continue;
+          if (lane == 0) {
+            ptx::bulk_store(p.permute.out + int64_t(o) * p.row_bytes, ring.stage(stage),
+                            p.row_bytes);
+          }
+          if (scales != nullptr) {
+            for (int k = lane; k < p.scale_cols; k += 32) {
+              p.permute.out_scales[int64_t(o) * p.scale_cols + k] =
+                  scales[int64_t(i) * p.scale_cols + k];
+            }
           }
         }
       }
