@@ -12,9 +12,12 @@
 //                  for chunks with nothing for it; then each block waits for the chunks it
 //                  receives.
 // Chunk c of every domain belongs to dispatch block c % dispatch_blocks on every rank.
-// Fused with permute (dispatch_permute.cuh), blocks past the dispatch blocks permute: the store
-// warps then signal each chunk as soon as it is written, and the permute blocks, not the
-// dispatch blocks, wait for the incoming chunks.
+// Fused with permute (dispatch_permute.cuh), the grid's blocks also permute: inside one domain
+// every block sends its chunks, then permutes; with several domains the blocks past the
+// dispatch blocks permute. The store warps then signal each chunk as soon as it is written, and
+// the permute role, not the dispatch role, waits for the incoming chunks.
+#include <algorithm>
+
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
@@ -167,8 +170,9 @@ __device__ bool chunk_arrived(const DispatchParams& p, int node, int c) {
                    d.timeout_ns, d.status, d.abort, WaitSite::kNetworkFlag, node, c);
 }
 
-// Loader warp: the ring producer (lane 0 issues, the warp stages the routes).
-__device__ void load_rows(const DispatchParams& p, const Smem& s, int lane) {
+// Loader warp: the ring producer (lane 0 issues, the warp stages the routes). Returns the ring
+// items it produced.
+__device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) {
   uint32_t item = 0;
   for (int step = 0; step < p.domain.nodes; ++step) {
     const int node = domain_at(p, step);
@@ -203,6 +207,7 @@ __device__ void load_rows(const DispatchParams& p, const Smem& s, int lane) {
       }
     }
   }
+  return item;
 }
 
 // Probs and scales that are not 16-byte aligned: the warp's lanes copy them with plain stores.
@@ -279,7 +284,8 @@ struct UncountedChunk {
 // permute, each chunk is signalled as soon as it is written, so that permuting starts early,
 // still without draining: a warp's first commit of the next chunk waits only for the groups
 // before it (all of the previous chunk's) and counts the warp in for that chunk.
-__device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int lane) {
+// Returns the ring items of the block (consumed by all store warps).
+__device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, int lane) {
   const DomainView& d = p.domain;
   const int thread = w * 32 + lane;
   const bool signal_each_chunk = p.permute_blocks > 0;
@@ -344,7 +350,7 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
     if (lane == 0 && uncounted.some()) {
       count_in(p, s.chunk_arrivals, uncounted.ordinal, uncounted.node, uncounted.c);
     }
-    return;
+    return item;
   }
   ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
   const int my_chunks =
@@ -355,6 +361,7 @@ __device__ void store_rows(const DispatchParams& p, const Smem& s, int w, int la
     const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * p.dispatch_blocks;
     signal_flag(chunk_flag(p, j, node, c));
   }
+  return item;
 }
 
 // Network warp `w` (several domains): its share of this block's (chunk, other domain) pairs,
@@ -412,17 +419,17 @@ __device__ void wait_incoming(const DispatchParams& p) {
   }
 }
 
-// A permute block of the fused grid: warp 0 loads, the store warps store, the network warps
-// (idle here) write the zero rows.
-__device__ void permute_block(const DispatchParams& p, const Smem& s, int block, int warp,
-                              int lane) {
+// The permute role of block `block` of the fused grid: warp 0 loads, the store warps store, the
+// network warps (idle here) write the zero rows. The ring goes on from item `ring_items`.
+__device__ void permute_block(const DispatchParams& p, const Smem& s, int block, int warp, int lane,
+                              uint32_t ring_items) {
   const Ring ring{s.stages, s.full, s.empty, s.layout.stride, s.count};
   if (warp == 0) {
-    permute_load_rows(p, ring, block, lane);
+    permute_load_rows(p, ring, block, lane, ring_items);
   } else if (warp >= kFirstNetworkWarp) {
     permute_zero_rows(p, block, warp - kFirstNetworkWarp, kNetworkWarps, lane);
   } else {
-    permute_store_rows(p, ring, block, warp - 1, kStoreWarps, lane);
+    permute_store_rows(p, ring, block, warp - 1, kStoreWarps, lane, ring_items);
   }
 }
 
@@ -442,17 +449,22 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
     ptx::fence_barrier_init();
   }
   __syncthreads();
-  if (int(blockIdx.x) >= p.dispatch_blocks) {
-    permute_block(p, s, int(blockIdx.x) - p.dispatch_blocks, warp, lane);
-    return;
+  // A block may dispatch, then permute (fused inside one domain, every block does both).
+  uint32_t ring_items = 0;
+  if (int(blockIdx.x) < p.dispatch_blocks) {
+    if (warp == 0) {
+      ring_items = load_rows(p, s, lane);
+    } else if (warp >= kFirstNetworkWarp) {
+      const int w = warp - kFirstNetworkWarp;
+      if (p.domain.nodes > 1) send_own_chunks(p, s.runs + w * Smem::run_count(p.chunk), w, lane);
+    } else {
+      ring_items = store_rows(p, s, warp - 1, lane);
+    }
   }
-  if (warp == 0) {
-    load_rows(p, s, lane);
-  } else if (warp >= kFirstNetworkWarp) {
-    const int w = warp - kFirstNetworkWarp;
-    if (p.domain.nodes > 1) send_own_chunks(p, s.runs + w * Smem::run_count(p.chunk), w, lane);
-  } else {
-    store_rows(p, s, warp - 1, lane);
+  if (p.permute_blocks > 0) {
+    const int block = int(blockIdx.x) - p.first_permute_block;
+    if (block >= 0) permute_block(p, s, block, warp, lane, ring_items);
+    return;
   }
   __syncthreads();
   if (p.permute_blocks == 0) wait_incoming(p);
@@ -494,7 +506,10 @@ bool dispatch_side_data_by_tma(const DispatchParams& p) {
 void launch_dispatch(const DispatchParams& p, cudaStream_t stream) {
   const size_t smem = Smem::bytes(p);
   allow_dynamic_smem(reinterpret_cast<const void*>(dispatch_kernel), smem);
-  dispatch_kernel<<<p.dispatch_blocks + p.permute_blocks, kThreads, smem, stream>>>(p);
+  const int grid = p.permute_blocks > 0
+                       ? std::max(p.dispatch_blocks, p.first_permute_block + p.permute_blocks)
+                       : p.dispatch_blocks;
+  dispatch_kernel<<<grid, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
   if (p.permute_blocks > 0) {
     advance_dispatch_expected<<<1, 256, 0, stream>>>(p);

@@ -80,10 +80,11 @@ __device__ __forceinline__ bool permute_chunk_arrived(const DispatchParams& p,
   return ok;
 }
 
-__device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int block, int lane) {
+// `item`: ring items the block used before (its dispatch role's), where the ring goes on.
+__device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int block, int lane,
+                                  uint32_t item) {
   if (lane != 0) return;
   const uint8_t* rows = p.domain.self() + p.dispatch_rows;
-  uint32_t item = 0;
   for (int q = block; q < permute_items(p); q += p.permute_blocks) {
     const PermuteItem it = permute_item(p, q);
     if (it.first >= it.last) continue;
@@ -104,9 +105,9 @@ __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int
   }
 }
 
-// Store warp `w` of `warps`: ring items w, w + warps, ...
+// Store warp `w` of `warps`: ring items w, w + warps, ... counted from `item` as the loader.
 __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, int block, int w,
-                                   int warps, int lane) {
+                                   int warps, int lane, uint32_t item) {
   const uint8_t* self = p.domain.self();
   const float* probs = p.permute.out_probs != nullptr
                            ? reinterpret_cast<const float*>(self + p.dispatch_probs)
@@ -115,7 +116,6 @@ __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, in
                             ? reinterpret_cast<const float*>(self + p.dispatch_scales)
                             : nullptr;
   const int E = p.permute.experts_per_rank;
-  uint32_t item = 0;
   int pending_stage = -1;
   for (int q = block; q < permute_items(p); q += p.permute_blocks) {
     const PermuteItem it = permute_item(p, q);

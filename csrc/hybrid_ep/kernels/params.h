@@ -134,13 +134,14 @@ struct DispatchParams {
   int prob_col_offset;  // node_rank * E*R
   int experts_total;
   int scale_cols;
-  int chunk;            // tokens per chunk
-  int max_chunks;       // chunks per domain (every one is signalled each call)
-  int channels;         // transport channels: block b sends on channel b % channels
-  int stages;           // shared-memory ring depth
-  bool side_by_tma;     // probs/scales 16-byte aligned: carried through the TMA ring
-  int dispatch_blocks;  // blocks that dispatch (chunk c is block c % dispatch_blocks's)
-  int permute_blocks;   // blocks after them that permute (fused); 0 for a plain dispatch
+  int chunk;                // tokens per chunk
+  int max_chunks;           // chunks per domain (every one is signalled each call)
+  int channels;             // transport channels: block b sends on channel b % channels
+  int stages;               // shared-memory ring depth
+  bool side_by_tma;         // probs/scales 16-byte aligned: carried through the TMA ring
+  int dispatch_blocks;      // blocks that dispatch (chunk c is block c % dispatch_blocks's)
+  int permute_blocks;       // blocks that permute (fused); 0 for a plain dispatch
+  int first_permute_block;  // the permute blocks are blocks first_permute_block, ...
   FusedPermuteParams permute;
   size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
   size_t net_rows, net_probs, net_scales, network_flags;
@@ -299,7 +300,8 @@ void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stre
 void launch_restripe(const RestripeParams& p, cudaStream_t stream);
 void launch_combine_network(const CombineNetworkParams& p, int blocks, cudaStream_t stream);
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
-// p.dispatch_blocks + p.permute_blocks blocks; with permute blocks, then the counter advance.
+// max(dispatch_blocks, first_permute_block + permute_blocks) blocks; with permute blocks, then
+// the counter advance.
 void launch_dispatch(const DispatchParams& p, cudaStream_t stream);
 // p.combine_blocks + p.unpermute_blocks blocks; with unpermute blocks, then the counter advance.
 void launch_combine(const CombineParams& p, cudaStream_t stream);
