@@ -5,15 +5,12 @@
 
 namespace hybrid_ep {
 
-// Most dispatch rows per work item of a fused permute block: enough to keep a block's ring busy.
-constexpr int kMaxFusedPermuteSlice = 16;
-
-// Dispatch rows per work item of a fused permute block. Chunks arrive in waves, one per
-// dispatch block from every local rank; one block's TMA stores reach a small part of the HBM
-// bandwidth (ncu: 16-row items kept 32 of 124 permute blocks busy at one rank, HBM at 49%), so
-// a wave's rows are split over every permute block.
-int fused_permute_slice(int chunk, int chunks_per_wave, int permute_blocks) {
-  return std::clamp(chunk * chunks_per_wave / permute_blocks, 1, kMaxFusedPermuteSlice);
+// Dispatch rows per work item of a fused permute block: 4 to 16, enough to keep a block's ring
+// busy, and small enough that every permute block gets about 8 items or more, so that the last
+// ones leave little imbalance (a row is written once per selected expert: one 16-row item of a
+// 132-block grid at one rank is about 1.8 MB of stores).
+int fused_permute_slice(int64_t max_rows, int permute_blocks) {
+  return int(std::clamp<int64_t>(max_rows / (8 * int64_t(permute_blocks)), 4, 16));
 }
 
 void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream) {
@@ -85,17 +82,16 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
     } else {
       p.permute_blocks = f.blocks;
     }
-    p.permute = {
-        f.chunk_layout,
-        f.dense_to_expert_map,
-        f.row_source,
-        f.num_permuted,
-        c.experts_per_rank,
-        c.local_rank * c.experts_per_rank,
-        fused_permute_slice(c.dispatch_chunk, p.dispatch_blocks * c.ranks, p.permute_blocks),
-        f.out,
-        f.out_probs,
-        f.out_scales};
+    p.permute = {f.chunk_layout,
+                 f.dense_to_expert_map,
+                 f.row_source,
+                 f.num_permuted,
+                 c.experts_per_rank,
+                 c.local_rank * c.experts_per_rank,
+                 fused_permute_slice(int64_t(c.nodes) * c.ranks * p.max_tokens, p.permute_blocks),
+                 f.out,
+                 f.out_probs,
+                 f.out_scales};
   }
   launch_dispatch(p, stream);
 }
