@@ -63,8 +63,18 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   }
   CombineParams p{};
   p.combine_blocks = c.sms_combine;
+  p.first_unpermute_block = c.sms_combine;
   if (fused) {  // unpermute blocks in the combine grid; the loader waits per chunk instead
-    p.unpermute_blocks = call.fused_unpermute_blocks;
+    if (c.nodes == 1) {
+      // Every block unpermutes its share, then combines its chunks: the combine blocks alone
+      // (SM-bound) would start only as the unpermute blocks finish, the same pattern as the
+      // fused dispatch's (see run_dispatch). With several domains the partial sums and the
+      // network step stay with the combine blocks.
+      p.combine_blocks = p.unpermute_blocks = c.sms_combine + call.fused_unpermute_blocks;
+      p.first_unpermute_block = 0;
+    } else {
+      p.unpermute_blocks = call.fused_unpermute_blocks;
+    }
     p.unpermute = {unpermute_params(runtime, call),
                    call.chunk_layout,
                    c.dispatch_chunk,

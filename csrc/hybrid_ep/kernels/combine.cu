@@ -12,7 +12,10 @@
 // With several domains (`partial`) the sums stay fp32 and go to the partials region, for every
 // forwarded token; kernels/combine_network.cu then exchanges and adds them.
 // Runs after a domain barrier that guarantees every peer's combine buffer is filled; fused with
-// unpermute (combine_unpermute.cuh), extra blocks fill it while the loader waits per chunk.
+// unpermute (combine_unpermute.cuh), the grid's blocks fill it first (inside one domain every
+// block, with several domains extra blocks) while the loader waits per chunk.
+#include <algorithm>
+
 #include "hybrid_ep/kernels/combine_sum.cuh"
 #include "hybrid_ep/kernels/combine_unpermute.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
@@ -287,9 +290,14 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
     ptx::fence_barrier_init();
   }
   __syncthreads();
-  if (int(blockIdx.x) >= p.combine_blocks) {
-    unpermute_units(p, int(blockIdx.x) - p.combine_blocks);
-  } else if (warp == 0) {
+  // Fused, a block may unpermute its share first, then combine (inside one domain, every block
+  // does both).
+  if (p.unpermute_blocks > 0) {
+    const int block = int(blockIdx.x) - p.first_unpermute_block;
+    if (block >= 0) unpermute_units(p, block);
+    if (int(blockIdx.x) >= p.combine_blocks) return;
+  }
+  if (warp == 0) {
     load_copies(p, ring, threadIdx.x);
   } else {
     reduce_copies(p, ring, warp - 1, threadIdx.x % 32);
@@ -322,7 +330,10 @@ void launch_combine(const CombineParams& p, cudaStream_t stream) {
   const size_t smem =
       combine_stage_bytes(p) * size_t(p.stages) + combine_reserved_smem(p.chunk, p.domain.ranks);
   allow_dynamic_smem(reinterpret_cast<const void*>(combine_kernel), smem);
-  combine_kernel<<<p.combine_blocks + p.unpermute_blocks, kThreads, smem, stream>>>(p);
+  const int grid = p.unpermute_blocks > 0
+                       ? std::max(p.combine_blocks, p.first_unpermute_block + p.unpermute_blocks)
+                       : p.combine_blocks;
+  combine_kernel<<<grid, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
   if (p.unpermute_blocks > 0) {
     advance_unpermute_expected<<<1, 256, 0, stream>>>(p);

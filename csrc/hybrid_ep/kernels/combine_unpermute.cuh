@@ -1,6 +1,7 @@
 // The unpermute role of the fused combine_with_unpermute (fuse_unpermute_combine), and the
 // combine loader's wait for it.
-//   unpermute blocks : the blocks of the combine grid past its combine blocks. Work item q is
+//   unpermute blocks : every block of the combine grid inside one domain (before it combines),
+//                      the blocks past the combine blocks with several domains. Work item q is
 //                      one slice of (domain n, chunk c, local rank l): the dispatch rows of
 //                      source n * R + l's chunk c (the handle's dense_chunk_layout), one warp
 //                      per row; then the slice is signalled to local rank l, the only rank that

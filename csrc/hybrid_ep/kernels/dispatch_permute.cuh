@@ -1,6 +1,7 @@
 // The permute role of the fused dispatch_with_permute (fuse_permute_dispatch): blocks of the
-// dispatch grid past its dispatch blocks turn received chunks into expert-major rows while the
-// dispatch blocks are still sending.
+// dispatch grid turn received chunks into expert-major rows as they arrive (inside one domain
+// every block, after sending its chunks; with several domains the blocks past the dispatch
+// blocks, while those are still sending).
 //   work item   : `slice` dispatch rows of one (source rank, chunk); item q belongs to permute
 //                 block q % permute_blocks. Items are ordered as chunks complete: this domain's
 //                 sources first, then chunk, then source, then slice.

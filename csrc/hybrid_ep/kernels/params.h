@@ -194,10 +194,11 @@ struct CombineParams {
   uint16_t* out;                       // bf16 [num_tokens, H]
   float* out_probs;                    // [num_tokens, E_total] or null
   bool partial;
-  float* partials;       // fp32 [num_tokens, H]
-  float* partial_probs;  // fp32 [num_tokens, E*R] or null
-  int combine_blocks;    // blocks that combine (chunk c is block c % combine_blocks's)
-  int unpermute_blocks;  // blocks after them that unpermute (fused); 0 otherwise
+  float* partials;            // fp32 [num_tokens, H]
+  float* partial_probs;       // fp32 [num_tokens, E*R] or null
+  int combine_blocks;         // blocks that combine (chunk c is block c % combine_blocks's)
+  int unpermute_blocks;       // blocks that unpermute (fused); 0 otherwise
+  int first_unpermute_block;  // the unpermute blocks are blocks first_unpermute_block, ...
   FusedUnpermuteParams unpermute;
 };
 
@@ -303,7 +304,8 @@ void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
 // max(dispatch_blocks, first_permute_block + permute_blocks) blocks; with permute blocks, then
 // the counter advance.
 void launch_dispatch(const DispatchParams& p, cudaStream_t stream);
-// p.combine_blocks + p.unpermute_blocks blocks; with unpermute blocks, then the counter advance.
+// max(combine_blocks, first_unpermute_block + unpermute_blocks) blocks; with unpermute blocks,
+// then the counter advance.
 void launch_combine(const CombineParams& p, cudaStream_t stream);
 void launch_permute_layout(const PermuteLayoutParams& p, int blocks, cudaStream_t stream);
 void launch_permute(const PermuteParams& p, int blocks, cudaStream_t stream);
