@@ -108,11 +108,20 @@ __device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
   return s;
 }
 
-__device__ __forceinline__ bool any_destination(const int32_t* rows, int ranks) {
+// Whether a token goes to a rank of the domain other than `skip` (-1: to any rank).
+__device__ __forceinline__ bool any_destination(const int32_t* rows, int ranks, int skip) {
   for (int j = 0; j < ranks; ++j) {
-    if (rows[j] >= 0) return true;
+    if (rows[j] >= 0 && j != skip) return true;
   }
   return false;
+}
+
+// The local rank that domain `node`'s tokens are not stored to, or -1. Fused with permute, this
+// rank's own tokens for itself stay where they are: the permute role reads them from the
+// caller's tensors (a row written and read back through this rank's own buffer was a sixth of
+// the fused kernel's HBM traffic at one rank).
+__device__ __forceinline__ int skipped_rank(const DispatchParams& p, int node) {
+  return p.permute_blocks > 0 && node == p.domain.node_rank ? p.domain.local_rank : -1;
 }
 
 struct ChunkRange {
@@ -177,6 +186,7 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
   for (int step = 0; step < p.domain.nodes; ++step) {
     const int node = domain_at(p, step);
     const RowSource src = row_source(p, node);
+    const int skip = skipped_rank(p, node);
     for (int c = blockIdx.x; c < p.max_chunks; c += p.dispatch_blocks) {
       const ChunkRange r = chunk_range(p, node, c);
       __syncwarp();  // lane 0 is done with the previous chunk's routes
@@ -185,7 +195,7 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
       if (lane != 0) continue;
       const bool arrived = chunk_arrived(p, node, c);
       for (int t = r.first; t < r.last; ++t) {
-        if (!any_destination(s.loader_routes.token(t - r.first), p.domain.ranks)) continue;
+        if (!any_destination(s.loader_routes.token(t - r.first), p.domain.ranks, skip)) continue;
         const int stage = item % s.count;
         ptx::mbar_wait(&s.empty[stage], ((item / s.count) & 1) ^ 1);
         ++item;
@@ -207,7 +217,7 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
       }
     }
   }
-  return item;
+  return __shfl_sync(~0u, item, 0);  // lane 0 counted
 }
 
 // Probs and scales that are not 16-byte aligned: the warp's lanes copy them with plain stores.
@@ -296,6 +306,7 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
   for (int step = 0; step < d.nodes; ++step) {
     const int node = domain_at(p, step);
     const RowSource src = row_source(p, node);
+    const int skip = skipped_rank(p, node);
     for (int c = blockIdx.x; c < p.max_chunks; c += p.dispatch_blocks) {
       const ChunkRange r = chunk_range(p, node, c);
       ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);  // done with the previous routes
@@ -304,13 +315,13 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
       bool stored = false;  // by this warp, of this chunk
       for (int t = r.first; t < r.last; ++t) {
         const int32_t* rows = s.store_routes.token(t - r.first);
-        if (!any_destination(rows, d.ranks)) continue;
+        if (!any_destination(rows, d.ranks, skip)) continue;
         const uint32_t mine = item++;
         if (int(mine % kStoreWarps) != w) continue;
         const int stage = mine % s.count;
         ptx::mbar_wait(&s.full[stage], (mine / s.count) & 1);
         for (int j = 0; j < d.ranks; ++j) {
-          if (rows[j] < 0) continue;
+          if (rows[j] < 0 || j == skip) continue;
           if (lane == 0) store_item(p, s, s.stage(stage), d.peer(j), rows[j]);
           if (!p.side_by_tma) store_side_data_by_lanes(p, src, t, d.peer(j), rows[j], lane);
         }

@@ -5,8 +5,11 @@
 //   work item   : `slice` dispatch rows of one (source rank, chunk); item q belongs to permute
 //                 block q % permute_blocks. Items are ordered as chunks complete: this domain's
 //                 sources first, then chunk, then source, then slice.
-//   loader warp : lane 0 waits for the chunk's flag, then TMA-loads each row that has an expert
-//                 slot into the shared-memory ring;
+//   own items   : this rank's own tokens for itself are not stored into its own buffer by the
+//                 dispatch in this mode: their items read the caller's tensors, with no wait;
+//   loader warp : the lanes find the item's rows that have an expert slot, lane 0 waits for
+//                 the chunk's flag, then TMA-loads each of those rows into the shared-memory
+//                 ring;
 //   store warps : one bulk store per selected expert from the ring stage; lanes copy the row's
 //                 prob for that expert and its FP8 scales;
 //   zero warps  : the output rows that hold no data (padding, the tail past the data).
@@ -34,7 +37,10 @@ struct PermuteItem {
   int source_rank;  // local rank that forwarded the chunk
   int node;         // domain the chunk's tokens come from
   int chunk;
-  int first, last;  // dispatch rows
+  int first, last;  // dispatch rows; this rank's tokens for an own item
+  // This rank's own tokens: read from the caller's tensors, which the dispatch does not store
+  // into this rank's own buffer in this mode, and ready without a wait.
+  bool own;
 };
 
 __device__ __forceinline__ int permute_items(const DispatchParams& p) {
@@ -50,9 +56,17 @@ __device__ __forceinline__ PermuteItem permute_item(const DispatchParams& p, int
   it.source_rank = (q / slices) % d.ranks;
   it.chunk = (q / (slices * d.ranks)) % p.max_chunks;
   it.node = (d.node_rank + q / (slices * d.ranks * p.max_chunks)) % d.nodes;
-  const int source = it.node * d.ranks + it.source_rank;
-  const int begin = p.permute.chunk_layout[int64_t(source) * p.max_chunks + it.chunk];
-  const int end = p.permute.chunk_layout[int64_t(source) * p.max_chunks + it.chunk + 1];
+  it.own = it.node == d.node_rank && it.source_rank == d.local_rank;
+  int begin, end;
+  if (it.own) {
+    const int tokens = min(p.num_tokens, p.max_tokens);
+    begin = min(it.chunk * p.chunk, tokens);
+    end = min(begin + p.chunk, tokens);
+  } else {
+    const int source = it.node * d.ranks + it.source_rank;
+    begin = p.permute.chunk_layout[int64_t(source) * p.max_chunks + it.chunk];
+    end = p.permute.chunk_layout[int64_t(source) * p.max_chunks + it.chunk + 1];
+  }
   it.first = min(begin + k * p.permute.slice, end);
   it.last = min(it.first + p.permute.slice, end);
   return it;
@@ -65,6 +79,44 @@ __device__ __forceinline__ bool has_expert_slot(const DispatchParams& p, int row
   }
   return false;
 }
+
+// The dispatch row that index k of an item permutes (k is a token of an own item), or -1 when
+// there is nothing to permute for it.
+__device__ __forceinline__ int permute_row(const DispatchParams& p, const PermuteItem& it, int k) {
+  const DomainView& d = p.domain;
+  const int row = it.own
+                      ? p.sparse_to_dense_map[(int64_t(d.node_rank) * p.max_tokens + k) * d.ranks +
+                                              d.local_rank]
+                      : k;
+  return row >= 0 && has_expert_slot(p, row) ? row : -1;
+}
+
+// Where index k of an item reads its row, probs and scales: this rank's own token k from the
+// caller's tensors, any other dispatch row k from this rank's registered buffer.
+struct PermuteSource {
+  const uint8_t* rows;
+  const float* probs;  // the item's row's E columns of this rank at probs + k * prob_stride
+  int64_t prob_stride;
+  const float* scales;
+
+  __device__ static PermuteSource of(const DispatchParams& p, const PermuteItem& it) {
+    const uint8_t* self = p.domain.self();
+    const bool probs = p.permute.out_probs != nullptr, scales = p.permute.out_scales != nullptr;
+    if (it.own) {  // (a rank without tokens has null inputs, and no own rows)
+      return {p.hidden,
+              probs && p.probs != nullptr
+                  ? p.probs + p.prob_col_offset + p.permute.local_prob_offset
+                  : nullptr,
+              p.experts_total, scales ? p.scales : nullptr};
+    }
+    return {
+        self + p.dispatch_rows,
+        probs
+            ? reinterpret_cast<const float*>(self + p.dispatch_probs) + p.permute.local_prob_offset
+            : nullptr,
+        p.prob_cols, scales ? reinterpret_cast<const float*>(self + p.dispatch_scales) : nullptr};
+  }
+};
 
 // Lane 0 of the loader: whether the item's chunk has arrived. Read-only on the counters.
 __device__ __forceinline__ bool permute_chunk_arrived(const DispatchParams& p,
@@ -81,60 +133,78 @@ __device__ __forceinline__ bool permute_chunk_arrived(const DispatchParams& p,
   return ok;
 }
 
-// `item`: ring items the block used before (its dispatch role's), where the ring goes on.
+// The indices of an item that have a row to permute, one per lane (index it.first + lane: an
+// item holds at most 32): the loads that decide it are in flight at once, where one lane's
+// walk waited on them row after row. `row` is this lane's dispatch row.
+struct ItemRows {
+  uint32_t mask;
+  int row;
+};
+
+__device__ __forceinline__ ItemRows item_rows(const DispatchParams& p, const PermuteItem& it,
+                                              int lane) {
+  const int k = it.first + lane;
+  const int row = k < it.last ? permute_row(p, it, k) : -1;
+  return {__ballot_sync(~0u, row >= 0), row};
+}
+
+// Loader warp. `item`: ring items the block used before (its dispatch role's), where the ring
+// goes on.
 __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int block, int lane,
                                   uint32_t item) {
-  if (lane != 0) return;
-  const uint8_t* rows = p.domain.self() + p.dispatch_rows;
   for (int q = block; q < permute_items(p); q += p.permute_blocks) {
     const PermuteItem it = permute_item(p, q);
     if (it.first >= it.last) continue;
-    const bool arrived = permute_chunk_arrived(p, it);
-    for (int i = it.first; i < it.last; ++i) {
-      if (!has_expert_slot(p, i)) continue;
-      const int stage = item % ring.count;
-      ptx::mbar_wait(&ring.empty[stage], ((item / ring.count) & 1) ^ 1);
-      ++item;
-      if (!arrived) {  // pass the item on unloaded so that the store warps finish
-        ptx::mbar_arrive(&ring.full[stage]);
-        continue;
+    const ItemRows r = item_rows(p, it, lane);
+    if (r.mask == 0) continue;
+    if (lane == 0) {
+      const bool arrived = it.own || permute_chunk_arrived(p, it);
+      const uint8_t* rows = PermuteSource::of(p, it).rows;
+      uint32_t at = item;
+      for (uint32_t m = r.mask; m != 0; m &= m - 1) {
+        const int k = it.first + __ffs(m) - 1;
+        const int stage = at % ring.count;
+        ptx::mbar_wait(&ring.empty[stage], ((at / ring.count) & 1) ^ 1);
+        ++at;
+        if (!arrived) {  // pass the item on unloaded so that the store warps finish
+          ptx::mbar_arrive(&ring.full[stage]);
+          continue;
+        }
+        ptx::mbar_arrive_expect_tx(&ring.full[stage], p.row_bytes);
+        ptx::bulk_load(ring.stage(stage), rows + int64_t(k) * p.row_bytes, p.row_bytes,
+                       &ring.full[stage]);
       }
-      ptx::mbar_arrive_expect_tx(&ring.full[stage], p.row_bytes);
-      ptx::bulk_load(ring.stage(stage), rows + int64_t(i) * p.row_bytes, p.row_bytes,
-                     &ring.full[stage]);
     }
+    item += __popc(r.mask);
   }
 }
 
 // Store warp `w` of `warps`: ring items w, w + warps, ... counted from `item` as the loader.
 __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, int block, int w,
                                    int warps, int lane, uint32_t item) {
-  const uint8_t* self = p.domain.self();
-  const float* probs = p.permute.out_probs != nullptr
-                           ? reinterpret_cast<const float*>(self + p.dispatch_probs)
-                           : nullptr;
-  const float* scales = p.permute.out_scales != nullptr
-                            ? reinterpret_cast<const float*>(self + p.dispatch_scales)
-                            : nullptr;
   const int E = p.permute.experts_per_rank;
   int pending_stage = -1;
   for (int q = block; q < permute_items(p); q += p.permute_blocks) {
     const PermuteItem it = permute_item(p, q);
-    for (int i = it.first; i < it.last; ++i) {
-      if (!has_expert_slot(p, i)) continue;
+    if (it.first >= it.last) continue;
+    const ItemRows r = item_rows(p, it, lane);
+    const PermuteSource src = PermuteSource::of(p, it);
+    for (uint32_t m = r.mask; m != 0; m &= m - 1) {
+      const int bit = __ffs(m) - 1;
       const uint32_t mine = item++;
       if (int(mine % warps) != w) continue;
+      const int k = it.first + bit;
+      const int i = __shfl_sync(~0u, r.row, bit);
       const int stage = mine % ring.count;
       ptx::mbar_wait(&ring.full[stage], (mine / ring.count) & 1);
       const int32_t* slots = p.permute.dense_to_expert_map + int64_t(i) * E;
       // Lane l holds expert e0 + l's output row and prob: the warp's loads are in flight at
       // once (one after the other, they left a row's stores waiting on a chain of loads).
       for (int e0 = 0; e0 < E; e0 += 32) {
-        const int mine_e = e0 + lane;
-        const int my_o = mine_e < E ? slots[mine_e] : -1;
-        if (probs != nullptr && my_o >= 0) {
-          p.permute.out_probs[my_o] =
-              probs[int64_t(i) * p.prob_cols + p.permute.local_prob_offset + mine_e];
+        const int my_e = e0 + lane;
+        const int my_o = my_e < E ? slots[my_e] : -1;
+        if (src.probs != nullptr && my_o >= 0) {
+          p.permute.out_probs[my_o] = src.probs[int64_t(k) * src.prob_stride + my_e];
         }
         for (int e = 0; e < min(32, E - e0); ++e) {
           const int o = __shfl_sync(~0u, my_o, e);
@@ -143,10 +213,10 @@ __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, in
             ptx::bulk_store(p.permute.out + int64_t(o) * p.row_bytes, ring.stage(stage),
                             p.row_bytes);
           }
-          if (scales != nullptr) {
-            for (int k = lane; k < p.scale_cols; k += 32) {
-              p.permute.out_scales[int64_t(o) * p.scale_cols + k] =
-                  scales[int64_t(i) * p.scale_cols + k];
+          if (src.scales != nullptr) {
+            for (int c = lane; c < p.scale_cols; c += 32) {
+              p.permute.out_scales[int64_t(o) * p.scale_cols + c] =
+                  src.scales[int64_t(k) * p.scale_cols + c];
             }
           }
         }

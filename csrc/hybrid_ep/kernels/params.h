@@ -108,7 +108,7 @@ struct FusedPermuteParams {
   int num_permuted;                    // P
   int experts_per_rank;                // E
   int local_prob_offset;               // local_rank * E: this rank's columns of the E*R probs
-  int slice;                           // dispatch rows per work item of a permute block
+  int slice;                           // rows per work item of a permute block (<= 32)
   uint8_t* out;                        // [P, row_bytes]
   float* out_probs;                    // [P] or null
   float* out_scales;                   // [P, scale_cols] or null
