@@ -137,9 +137,12 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
                      "blocks, as separate GPUs would have); the roofline was measured before, "
                      "without that limit")
     if spec.permute_blocks:
-        notes.append(f"fused ops: {spec.sms} dispatch / combine blocks + {spec.permute_blocks} "
-                     "permute / unpermute blocks per rank (their traffic per SM still divides by "
-                     f"the {spec.sms} SMs only)")
+        notes.append(f"fused ops: a grid of {spec.sms} dispatch / combine blocks + "
+                     f"{spec.permute_blocks} permute / unpermute blocks per rank, every block "
+                     f"doing both roles inside one domain; their traffic per SM still divides by "
+                     f"the {spec.sms} SMs only, and their bytes are the standalone pair's (the "
+                     "fused dispatch skips a rank's own rows' trip through its own buffer, so "
+                     "its roofline fraction overstates the HBM traffic it moves)")
     return {"regime": spec.regime, "ranks": spec.ranks, "sms_per_rank": spec.sms,
             "gpus": len(on_gpu), "gpu": ranks[0]["gpu"], "sm_count": ranks[0]["sm_count"],
             "roofline_gbps": _mean(list(roofline.values())),
