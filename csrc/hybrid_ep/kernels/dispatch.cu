@@ -118,8 +118,8 @@ __device__ __forceinline__ bool any_destination(const int32_t* rows, int ranks, 
 
 // The local rank that domain `node`'s tokens are not stored to, or -1. Fused with permute, this
 // rank's own tokens for itself stay where they are: the permute role reads them from the
-// caller's tensors (a row written and read back through this rank's own buffer was a sixth of
-// the fused kernel's HBM traffic at one rank).
+// caller's tensors (the rows written and read back through this rank's own buffer were a fifth
+// of the fused kernel's HBM traffic at one rank).
 __device__ __forceinline__ int skipped_rank(const DispatchParams& p, int node) {
   return p.permute_blocks > 0 && node == p.domain.node_rank ? p.domain.local_rank : -1;
 }
