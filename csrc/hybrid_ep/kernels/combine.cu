@@ -330,9 +330,8 @@ void launch_combine(const CombineParams& p, cudaStream_t stream) {
   const size_t smem =
       combine_stage_bytes(p) * size_t(p.stages) + combine_reserved_smem(p.chunk, p.domain.ranks);
   allow_dynamic_smem(reinterpret_cast<const void*>(combine_kernel), smem);
-  const int grid = p.unpermute_blocks > 0
-                       ? std::max(p.combine_blocks, p.first_unpermute_block + p.unpermute_blocks)
-                       : p.combine_blocks;
+  // Without unpermute blocks this is combine_blocks.
+  const int grid = std::max(p.combine_blocks, p.first_unpermute_block + p.unpermute_blocks);
   combine_kernel<<<grid, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
   if (p.unpermute_blocks > 0) {

@@ -517,9 +517,8 @@ bool dispatch_side_data_by_tma(const DispatchParams& p) {
 void launch_dispatch(const DispatchParams& p, cudaStream_t stream) {
   const size_t smem = Smem::bytes(p);
   allow_dynamic_smem(reinterpret_cast<const void*>(dispatch_kernel), smem);
-  const int grid = p.permute_blocks > 0
-                       ? std::max(p.dispatch_blocks, p.first_permute_block + p.permute_blocks)
-                       : p.dispatch_blocks;
+  // Without permute blocks this is dispatch_blocks.
+  const int grid = std::max(p.dispatch_blocks, p.first_permute_block + p.permute_blocks);
   dispatch_kernel<<<grid, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
   if (p.permute_blocks > 0) {
