@@ -50,6 +50,21 @@ AVAILABLE = SKIP_REASON is None
 gpu_marks = [pytest.mark.gpu, pytest.mark.skipif(not AVAILABLE, reason=SKIP_REASON or "")]
 
 
+def transport_build_marks(transport: str) -> list:
+    """``gpu_marks`` for a module that tests one transport build's own paths: skipped in a dry
+    run (it drives the CUDA runtime directly) and unless the installed build is ``transport``."""
+    from hybrid_ep import native
+
+    core = native.load()
+    return [
+        *gpu_marks,
+        pytest.mark.skipif(DRY_RUN, reason="drives the CUDA runtime directly"),
+        pytest.mark.skipif(isinstance(core, ImportError)
+                           or core.build_info()["transport"] != transport,
+                           reason=f"the installed hybrid_ep is not the {transport} build"),
+    ]
+
+
 def mps_running() -> bool:
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
     return os.path.exists(os.path.join(pipe, "control"))

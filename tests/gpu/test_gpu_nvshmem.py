@@ -15,20 +15,11 @@ import os
 import subprocess
 import sys
 
-import gpu_env
 import pytest
-from gpu_env import gpu_marks
+from gpu_env import transport_build_marks
 from gpu_library_puts import MATRIX_PARAMS, run_counters_case, run_matrix_case
 
-from hybrid_ep import native
-
-pytestmark = [
-    *gpu_marks,
-    pytest.mark.skipif(gpu_env.DRY_RUN, reason="drives the CUDA runtime directly"),
-    pytest.mark.skipif(isinstance(native.load(), ImportError)
-                       or native.load().build_info()["transport"] != "nvshmem",
-                       reason="the installed hybrid_ep is not the nvshmem build"),
-]
+pytestmark = transport_build_marks("nvshmem")
 
 # argv: rank, world, store file, buffers to build. Prints one JSON line.
 _RANK = r"""
