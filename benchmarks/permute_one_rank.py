@@ -2,7 +2,10 @@
 dispatch, permute, unpermute and combine from a profiler trace, API times of the eager calls
 (blocking and non-blocking), and the replay time of the captured non-blocking pair.
 
-    python3 benchmarks/permute_one_rank.py --out OUT.md [--sms 8] [--tokens 4096]
+    python3 benchmarks/permute_one_rank.py --out OUT.md [--sms 8] [--tokens 4096] [--fused]
+
+--fused runs the pair with fuse_permute_dispatch / fuse_unpermute_combine (one dispatch grid
+and one combine grid) instead of the standalone permute and unpermute kernels.
 
 Writes a markdown table (command, commit, GPU) to --out and prints it.
 """
@@ -56,6 +59,8 @@ def main() -> None:
     ap.add_argument("--sms", type=int, default=8)
     ap.add_argument("--pad", type=int, default=16)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--fused", action="store_true",
+                    help="fuse_permute_dispatch / fuse_unpermute_combine")
     args = ap.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29561")
@@ -78,9 +83,11 @@ def main() -> None:
     def permuted(non_blocking: bool):
         extra = {"num_permuted_tokens": P} if non_blocking else {}
         out = buf.dispatch_with_permute(hidden=x, routing_map=rmap, probs=probs,
-                                        pad_multiple=args.pad, non_blocking=non_blocking, **extra)
+                                        pad_multiple=args.pad, non_blocking=non_blocking,
+                                        fuse_permute_dispatch=args.fused, **extra)
         return buf.combine_with_unpermute(hidden=out[0], probs=out[1], handle=out[4],
-                                          pad_multiple=args.pad)
+                                          pad_multiple=args.pad,
+                                          fuse_unpermute_combine=args.fused)
 
     for _ in range(3):
         plain()
@@ -125,21 +132,28 @@ def main() -> None:
     api["graph replay of the non-blocking pair"] = wall(graph.replay, args.iters)
 
     gpu = torch.cuda.get_device_name(0)
-    fused_ratio = (med["dispatch_kernel"] + med["permute_kernel"]) / plain_dispatch
+    # The fused dispatch grid permutes too: no permute_kernel then.
+    permute_us = 0.0 if args.fused else med["permute_kernel"]
+    fused_ratio = (med["dispatch_kernel"] + permute_us) / plain_dispatch
+    mode = "fused" if args.fused else "standalone"
     lines = [
         "## Permute path, one rank (hybrid-ep benchmarks/permute_one_rank.py)",
         "",
         f"{time.strftime('%Y-%m-%d')}, commit {commit()}, GPU {gpu}, torch {torch.__version__}",
         (f"hidden {H}, {T} tokens, top-{k} of {E} experts, pad_multiple {args.pad}, "
         f"{args.sms} SMs per kernel family, {args.iters} calls per median"),
-        f"Command: `python3 benchmarks/permute_one_rank.py --out OUT.md --sms {args.sms}`",
+        (f"Command: `python3 benchmarks/permute_one_rank.py --out OUT.md --sms {args.sms}"
+         f"{' --fused' if args.fused else ''}` ({mode} permute and unpermute)"),
         "",
         "| kernel | median (us) |",
         "|---|---|",
         f"| dispatch_kernel (plain dispatch) | {plain_dispatch:.1f} |",
     ]
-    lines += [f"| {name} (permute path) | {med[name]:.1f} |" for name in KERNELS]
-    lines += ["", (f"dispatch + standalone permute kernels / plain dispatch kernel: "
+    lines += [f"| {name} ({mode} permute path) | {med[name]:.1f} |" for name in KERNELS
+              if kernel_us[name]]
+    what = ("fused dispatch+permute kernel" if args.fused
+            else "dispatch + standalone permute kernels")
+    lines += ["", (f"{what} / plain dispatch kernel: "
               f"{fused_ratio:.3f} (target for the fused variant: <= 1.10)"), "",
               "| call sequence | median wall time (us) |", "|---|---|"]
     lines += [f"| {name} | {seconds * 1e6:.1f} |" for name, seconds in api.items()]
