@@ -33,14 +33,13 @@ _BUFFER_IDS = itertools.count(1)
 DEFAULT_SMS_DISPATCH = 16
 DEFAULT_SMS_COMBINE = 16
 DEFAULT_SMS_PREPROCESSING = 32
-DEFAULT_BLOCKS_PERMUTE = 16
 # Fields update_template_config accepts as keyword arguments beyond its named ones.
 _TUNABLE_FIELDS = tuple(f for f in CONFIG_FIELDS if f.startswith(("num_sms", "num_blocks",
                                                                    "num_of_tokens_per_chunk",
                                                                    "num_of_stages")))
 
 
-def _positive(name: str, value, default: int) -> int:
+def _positive(name: str, value, default: int | None) -> int | None:
     if value is None:
         return default
     return v.require_int(name, value, minimum=1)
@@ -121,10 +120,9 @@ class HybridEPBuffer:
             num_sms_preprocessing_api=_positive("num_sms_preprocessing_api",
                                                 num_sms_preprocessing_api,
                                                 DEFAULT_SMS_PREPROCESSING),
-            num_blocks_permute=_positive("num_blocks_permute", num_blocks_permute,
-                                         DEFAULT_BLOCKS_PERMUTE),
-            num_blocks_unpermute=_positive("num_blocks_unpermute", num_blocks_unpermute,
-                                           DEFAULT_BLOCKS_PERMUTE),
+            # None: the CUDA engine sizes the fused grids from this rank's part of the GPU.
+            num_blocks_permute=_positive("num_blocks_permute", num_blocks_permute, None),
+            num_blocks_unpermute=_positive("num_blocks_unpermute", num_blocks_unpermute, None),
             num_of_tokens_per_chunk_dispatch_api=env.tokens_per_chunk_dispatch,
             num_of_tokens_per_chunk_combine_api=env.tokens_per_chunk_combine,
             num_of_tokens_per_chunk_preprocessing_api=env.tokens_per_chunk_preprocessing,

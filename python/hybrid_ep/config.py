@@ -322,8 +322,8 @@ class HybridEPConfig:
     num_sms_dispatch_api: int
     num_sms_combine_api: int
     num_sms_preprocessing_api: int
-    num_blocks_permute: int
-    num_blocks_unpermute: int
+    num_blocks_permute: int | None
+    num_blocks_unpermute: int | None
     num_of_tokens_per_chunk_dispatch_api: int
     num_of_tokens_per_chunk_combine_api: int
     num_of_tokens_per_chunk_preprocessing_api: int

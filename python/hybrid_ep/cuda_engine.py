@@ -8,6 +8,9 @@ buffers of its NVLink domain through handles exchanged over the process group.
 
 from __future__ import annotations
 
+import os
+import socket
+
 import torch
 
 from . import native, transport_bootstrap, transport_connect, transport_options
@@ -21,6 +24,9 @@ _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk 
                7: "network routing all-gather", 8: "forwarded routing maps",
                9: "unpermuted chunk"}
 _NETWORK_SITES = (4, 5, 6, 7)
+# The fewest fused permute/unpermute blocks a default sizing gives, however many ranks share
+# the GPU.
+MIN_DEFAULT_FUSED_BLOCKS = 16
 
 
 class HybridEPTimeoutError(RuntimeError):
@@ -94,9 +100,12 @@ class CudaEngine:
         self.config = config
         self.experts = config.num_local_experts
         self.runtime = C.Runtime(rc)
-        handles = gather_objects(self.runtime.export_handle(), self.group)
+        everyone = gather_objects((self.runtime.export_handle(), _gpu_identity(self.device)),
+                                  self.group)
+        gpu = everyone[self.topo.rank][1]
+        self._ranks_on_gpu = sum(1 for _, other in everyone if other == gpu)
         first = self.topo.node_rank * self.topo.ranks_per_domain
-        self.runtime.open_peers(handles[first:first + self.topo.ranks_per_domain])
+        self.runtime.open_peers([h for h, _ in everyone[first:first + self.topo.ranks_per_domain]])
         # The transport reaches this rank's peer (same local rank) in every other domain.
         R = self.topo.ranks_per_domain
         peers = [n * R + self.topo.local_rank for n in range(self.topo.num_of_nodes)]
@@ -317,10 +326,9 @@ class CudaEngine:
     def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
         return self._combine(hidden, probs, layout, tokens, num_tokens, None)
 
-    def _fused_blocks(self, requested: int, kernel_sms: int, what: str) -> int:
-        """Blocks of a fused permute/unpermute next to the kernel's own on this GPU: every block
-        of the grid must be resident at once."""
-        blocks = min(requested, max(0, self._sms - kernel_sms))
+    def _fused_blocks(self, requested: int | None, kernel_sms: int, what: str) -> int:
+        blocks = fused_blocks(requested, self._sms, kernel_sms, self._ranks_on_gpu,
+                              mps_share=bool(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")))
         if blocks == 0:
             raise ValueError(f"{what}={kernel_sms}: the fused permute/unpermute needs blocks "
                              f"besides the kernel's own on this GPU's {self._sms} SMs")
@@ -419,6 +427,25 @@ class CudaEngine:
                                "dense_chunk_layout")
         return self._combine(hidden, probs, layout, tokens, num_tokens,
                              dense_to_expert_map.contiguous(), fused=fused)
+
+
+def fused_blocks(requested: int | None, sms: int, kernel_sms: int, ranks_on_gpu: int,
+                 mps_share: bool) -> int:
+    """Blocks of a fused permute/unpermute next to the kernel's own ``kernel_sms`` on a GPU
+    with ``sms`` SMs: every block of the grid must be resident at once, so at most the SMs the
+    kernel leaves (0: none fit). ``requested`` None: this rank's part of the GPU less the
+    kernel's own SMs, at least MIN_DEFAULT_FUSED_BLOCKS; the fused op is bound by the blocks it
+    has. Under an MPS thread percentage (``mps_share``) ``sms`` is this process's share
+    already; otherwise the ranks on this GPU split it."""
+    if requested is None:
+        share = sms if mps_share else sms // ranks_on_gpu
+        requested = max(MIN_DEFAULT_FUSED_BLOCKS, share - kernel_sms)
+    return min(requested, max(0, sms - kernel_sms))
+
+
+def _gpu_identity(device) -> str:
+    """Which physical GPU this rank runs on: ranks on one GPU (MPS) share its SMs."""
+    return f"{socket.gethostname()}/{torch.cuda.get_device_properties(device).uuid}"
 
 
 def _ptr(tensor) -> int:
