@@ -1,6 +1,8 @@
 """dispatch_with_permute / combine_with_unpermute on the CUDA engine against the reference
 engine: both modes (standalone, fused flag) x BF16/FP8 x with/without probs x pad_multiple
-{None, 16, 64, 256} x 2, 4, 8 ranks on GPU 0, in blocking and non-blocking mode, with budgets
+{None, 16, 64, 256} x 2, 4, 8 ranks on GPU 0 (and 2 ranks with one GPU each, where there are
+two: the fused grids' default size depends on the ranks sharing a GPU), in blocking and
+non-blocking mode, with budgets
 that fit exactly, overflow and underflow; the backward pattern (handle reuse); a handle of the
 other mode refused; and CUDA graph capture of the non-blocking pair with 50 replays."""
 
@@ -41,8 +43,9 @@ def _id(case, extra) -> str:
 
 @pytest.mark.parametrize(
     "W,placement,case,extra",
-    [placement_param(W, "shared", case, extra, id_extra=_id(case, extra))
-     for W, case, extra in _matrix()])
+    [placement_param(W, placement, case, extra, id_extra=_id(case, extra))
+     for W, case, extra in _matrix()
+     for placement in (("shared", "per_gpu") if W == 2 else ("shared",))])
 def test_permute_combine(gpu_pools, record_property, W, placement, case, extra):
     spec = make_spec(W, **case)
     spec.update(extra)
@@ -62,7 +65,7 @@ def test_mode_mismatch(gpu_pools, W, placement):
 
 @pytest.mark.skipif(gpu_env.DRY_RUN, reason="CUDA graphs need a GPU (dry run on the CPU)")
 @pytest.mark.parametrize("fused", [False, True], ids=["standalone", "fused"])
-@pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
+@pytest.mark.parametrize("W,placement", [*gpu_env.placements((2,)),
                                          placement_param(4, "shared")])
 def test_graph_replay(gpu_pools, record_property, W, placement, fused):
     spec = make_spec(W, H=1024, form="map", k=2, E=4, tokens="equal", max_tok=64)
