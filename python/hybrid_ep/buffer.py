@@ -438,12 +438,13 @@ class HybridEPBuffer:
                 chunk_layout = layouts.dense_chunk_layout(
                     routing, self.topology, self.config.num_local_experts,
                     self.config.num_of_tokens_per_chunk_dispatch_api)
-            base = made or self.config.replace(
+            this_call = {"num_permuted_tokens": plan.num_permuted_tokens,
+                         "non_blocking": non_blocking}
+            # One replace per call: each copies the whole config.
+            call = made.replace(**this_call) if made else self.config.replace(
                 max_num_of_tokens_per_rank=tokens, with_permute=True, num_tokens=hidden.shape[0],
                 num_dispatched_tokens=layout.num_dispatched_tokens, pad_multiple=pad,
-                fuse_permute_dispatch=fuse_permute_dispatch)
-            call = base.replace(num_permuted_tokens=plan.num_permuted_tokens,
-                                non_blocking=non_blocking)
+                fuse_permute_dispatch=fuse_permute_dispatch, **this_call)
             handle = handles.make_permute_handle(
                 layout, chunk_layout, plan.dense_to_expert_map, plan.raw_tokens_per_expert,
                 tokens, call, overflow, device)

@@ -77,6 +77,7 @@ def missing_library_message(error: ImportError, path: str | None = None) -> str 
     return message
 
 
+@functools.cache  # every CUDA call asks; the build does not change in a process
 def cuda_engine_built() -> bool:
     loaded = load()
     return not isinstance(loaded, ImportError) and bool(loaded.build_info().get("cuda_engine"))
