@@ -14,26 +14,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
 import torch
-import torch.distributed as dist
-
-from hybrid_ep import HybridEPBuffer
+from one_rank import add_problem_args, commit, start
 
 PAD = 16
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
-def commit() -> str:
-    if os.environ.get("HYBRID_EP_COMMIT"):
-        return os.environ["HYBRID_EP_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def operations(buf, x, rmap, probs, fp8, scales, budget):
@@ -107,29 +95,14 @@ def windows(trace: str, iters: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--experts", type=int, default=8)
-    ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--sms", type=int, default=8)
-    ap.add_argument("--iters", type=int, default=10)
+    add_problem_args(ap, iters=10)
     ap.add_argument("--trace-dir", default=None, help="keep the chrome traces here")
     args = ap.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29563")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.cuda.set_device(0)
+    run = start(args, port=29563)
+    buf, x, rmap, probs = run.buffer, run.hidden, run.routing_map, run.probs
     H, T, E, k = args.hidden, args.tokens, args.experts, args.topk
-    buf = HybridEPBuffer(None, H, T, E, num_sms_dispatch_api=args.sms,
-                         num_sms_combine_api=args.sms, num_sms_preprocessing_api=args.sms)
-    x = torch.randn(T, H, device="cuda").bfloat16()
     fp8 = torch.randn(T, H, device="cuda").to(torch.float8_e4m3fn)
     scales = torch.rand(T, H // 128, device="cuda")
-    scores = torch.rand(T, E, device="cuda")
-    rmap = torch.zeros(T, E, dtype=torch.bool, device="cuda")
-    rmap.scatter_(1, scores.topk(k, dim=1).indices, True)
-    probs = torch.rand(T, E, device="cuda") * rmap
     budget = E * -(-T // PAD) * PAD
     ops = operations(buf, x, rmap, probs, fp8, scales, budget)
     trace_dir = args.trace_dir or tempfile.mkdtemp()
@@ -169,8 +142,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         f.write(text)
     print("\n".join(lines))
-    buf.destroy()
-    dist.destroy_process_group()
+    run.close()
 
 
 if __name__ == "__main__":

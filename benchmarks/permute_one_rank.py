@@ -15,26 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
 import torch
-import torch.distributed as dist
+from one_rank import add_problem_args, commit, start
 
-from hybrid_ep import HybridEPBuffer
 from hybrid_ep.gpubench.timing import is_our_kernel, kernel_events
 
 KERNELS = ("dispatch_kernel", "permute_kernel", "unpermute_kernel", "combine_kernel")
-
-
-def commit() -> str:
-    if os.environ.get("HYBRID_EP_COMMIT"):
-        return os.environ["HYBRID_EP_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def wall(fn, iters: int) -> float:
@@ -51,29 +40,14 @@ def wall(fn, iters: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--experts", type=int, default=8)
-    ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--sms", type=int, default=8)
+    add_problem_args(ap, iters=20)
     ap.add_argument("--pad", type=int, default=16)
-    ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--fused", action="store_true",
                     help="fuse_permute_dispatch / fuse_unpermute_combine")
     args = ap.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29561")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.cuda.set_device(0)
+    run = start(args, port=29561)
+    buf, x, rmap, probs = run.buffer, run.hidden, run.routing_map, run.probs
     H, T, E, k = args.hidden, args.tokens, args.experts, args.topk
-    buf = HybridEPBuffer(None, H, T, E, num_sms_dispatch_api=args.sms,
-                         num_sms_combine_api=args.sms, num_sms_preprocessing_api=args.sms)
-    x = torch.randn(T, H, device="cuda").bfloat16()
-    scores = torch.rand(T, E, device="cuda")
-    rmap = torch.zeros(T, E, dtype=torch.bool, device="cuda")
-    rmap.scatter_(1, scores.topk(k, dim=1).indices, True)
-    probs = torch.rand(T, E, device="cuda") * rmap
     P = E * -(-T // args.pad) * args.pad
 
     def plain():
@@ -161,8 +135,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         f.write(text)
     print(text)
-    buf.destroy()
-    dist.destroy_process_group()
+    run.close()
 
 
 if __name__ == "__main__":
