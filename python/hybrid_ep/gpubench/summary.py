@@ -136,6 +136,10 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
                      "(an MPS share of SMs just above their SMs per rank and fused permute "
                      "blocks, as separate GPUs would have); the roofline was measured before, "
                      "without that limit")
+    if len(on_gpu) > 1:
+        notes.append(f"ranks on {len(on_gpu)} GPUs: rows to ranks on other GPUs cross NVLink, "
+                     "while the TMA copy ceiling is measured on one GPU's HBM, so the ceiling "
+                     "fractions compare unlike patterns")
     if spec.permute_blocks:
         notes.append(f"fused ops: a grid of {spec.sms} dispatch / combine blocks + "
                      f"{spec.permute_blocks} permute / unpermute blocks per rank, every block "
