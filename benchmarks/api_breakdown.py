@@ -18,7 +18,7 @@ import tempfile
 import time
 
 import torch
-from one_rank import add_problem_args, commit, start
+from one_rank import add_problem_args, commit, start, write_report
 
 PAD = 16
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -138,10 +138,7 @@ def main() -> None:
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14)
         details += ["", f"### {name}: host calls by self time ({args.iters} calls)", "", "```",
                     table, "```"]
-    text = "\n".join(lines + details) + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
-    print("\n".join(lines))
+    write_report(args.out, lines + details, shown=lines)
     run.close()
 
 

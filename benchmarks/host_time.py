@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import torch
 from api_breakdown import PAD, operations
-from one_rank import add_problem_args, commit, start
+from one_rank import add_problem_args, commit, start, write_report
 
 
 def median_us(fn, calls: int = 200) -> float:
@@ -88,10 +88,7 @@ def main() -> None:
         parts = ", ".join(f"{call} {statistics.median(s) * 1e6:.1f}"
                           for call, s in timed.seconds.items())
         lines.append(f"| {name} | {statistics.median(host) * 1e6:.1f} | {parts} |")
-    text = "\n".join(lines) + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+    write_report(args.out, lines)
     run.close()
 
 

@@ -34,6 +34,13 @@ def commit() -> str:
         return "unknown"
 
 
+def write_report(path: str, lines: list[str], shown: list[str] | None = None) -> None:
+    """Writes the markdown report to ``path`` and prints ``shown`` (default: all of it)."""
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines if shown is None else shown))
+
+
 @dataclass
 class OneRank:
     buffer: HybridEPBuffer

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 import torch
-from one_rank import add_problem_args, commit, start
+from one_rank import add_problem_args, commit, start, write_report
 
 from hybrid_ep.gpubench.timing import is_our_kernel, kernel_events
 
@@ -131,10 +131,7 @@ def main() -> None:
               f"{fused_ratio:.3f} (target for the fused variant: <= 1.10)"), "",
               "| call sequence | median wall time (us) |", "|---|---|"]
     lines += [f"| {name} | {seconds * 1e6:.1f} |" for name, seconds in api.items()]
-    text = "\n".join(lines) + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+    write_report(args.out, lines)
     run.close()
 
 
