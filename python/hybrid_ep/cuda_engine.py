@@ -69,6 +69,8 @@ class CudaEngine:
                                           pin_memory=True)
         self._counts_pending = False
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        # MPS applies a thread percentage when the context is created; _sms is then the share.
+        self._mps_share = bool(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
         self._counters_before = None  # counters of runtimes replaced by grow()
         self._transport = None  # transport_connect.Connection of the runtime
         self._connect(config)
@@ -332,7 +334,7 @@ class CudaEngine:
 
     def _fused_blocks(self, requested: int | None, kernel_sms: int, what: str) -> int:
         blocks = fused_blocks(requested, self._sms, kernel_sms, self._ranks_on_gpu,
-                              mps_share=bool(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")))
+                              mps_share=self._mps_share)
         if blocks == 0:
             raise ValueError(f"{what}={kernel_sms}: the fused permute/unpermute needs blocks "
                              f"besides the kernel's own on this GPU's {self._sms} SMs")
