@@ -31,6 +31,7 @@
 namespace hybrid_ep {
 namespace {
 
+// 6 or 8 store warps measured no faster (and 8 slower at 2 and 8 ranks).
 constexpr int kStoreWarps = 4;
 // Several network warps: one warp's puts (a load then a store per lane and vector) reach a few
 // GB/s, far below what the network leg needs with several domains.
@@ -124,6 +125,30 @@ __device__ __forceinline__ int skipped_rank(const DispatchParams& p, int node) {
   return p.permute_blocks > 0 && node == p.domain.node_rank ? p.domain.local_rank : -1;
 }
 
+// Which of 32 consecutive tokens of a staged chunk (from `base`, `tokens` in all) leave: one
+// ballot per 32 tokens, so that the issuing lanes walk only the tokens that leave instead of
+// testing every token on one lane (the roles' per-item instruction chains bounded the kernel
+// on small rows).
+__device__ __forceinline__ uint32_t leaving_tokens(const ChunkRoutes& routes, int base, int tokens,
+                                                   int skip, int lane) {
+  const int k = base + lane;
+  return __ballot_sync(~0u, k < tokens && any_destination(routes.token(k), routes.ranks, skip));
+}
+
+// A role's position in the ring, advanced by `step` items at a time (step < stages) without
+// divisions.
+struct RingPos {
+  int stage;
+  uint32_t phase;
+  __device__ void advance(int step, int stages) {
+    stage += step;
+    if (stage >= stages) {
+      stage -= stages;
+      phase ^= 1;
+    }
+  }
+};
+
 struct ChunkRange {
   int first, last;
 };
@@ -179,10 +204,11 @@ __device__ bool chunk_arrived(const DispatchParams& p, int node, int c) {
                    d.timeout_ns, d.status, d.abort, WaitSite::kNetworkFlag, node, c);
 }
 
-// Loader warp: the ring producer (lane 0 issues, the warp stages the routes). Returns the ring
-// items it produced.
+// Loader warp: the ring producer (lane 0 issues, the warp stages the routes and finds the
+// tokens that leave). Returns the ring items it produced.
 __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) {
   uint32_t item = 0;
+  RingPos at{0, 0};  // lane 0's
   for (int step = 0; step < p.domain.nodes; ++step) {
     const int node = domain_at(p, step);
     const RowSource src = row_source(p, node);
@@ -192,32 +218,37 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
       __syncwarp();  // lane 0 is done with the previous chunk's routes
       s.loader_routes.load(src.routes, r.first, r.last, lane, 32);
       __syncwarp();
-      if (lane != 0) continue;
-      const bool arrived = chunk_arrived(p, node, c);
-      for (int t = r.first; t < r.last; ++t) {
-        if (!any_destination(s.loader_routes.token(t - r.first), p.domain.ranks, skip)) continue;
-        const int stage = item % s.count;
-        ptx::mbar_wait(&s.empty[stage], ((item / s.count) & 1) ^ 1);
-        ++item;
-        if (!arrived) {
-          ptx::mbar_arrive(&s.full[stage]);
-          continue;
-        }
-        ptx::mbar_arrive_expect_tx(&s.full[stage], s.layout.bytes());
-        uint8_t* dst = s.stage(stage);
-        ptx::bulk_load(dst, src.rows + int64_t(t) * p.row_bytes, p.row_bytes, &s.full[stage]);
-        if (s.layout.prob_bytes) {
-          ptx::bulk_load(dst + s.layout.prob_at, src.probs + int64_t(t) * src.prob_stride,
-                         s.layout.prob_bytes, &s.full[stage]);
-        }
-        if (s.layout.scale_bytes) {
-          ptx::bulk_load(dst + s.layout.scale_at, src.scales + int64_t(t) * p.scale_cols,
-                         s.layout.scale_bytes, &s.full[stage]);
+      const bool arrived = lane != 0 || chunk_arrived(p, node, c);
+      const int tokens = r.last - r.first;
+      for (int base = 0; base < tokens; base += 32) {
+        const uint32_t leaving = leaving_tokens(s.loader_routes, base, tokens, skip, lane);
+        item += __popc(leaving);
+        if (lane != 0) continue;
+        for (uint32_t m = leaving; m != 0; m &= m - 1) {
+          const int t = r.first + base + __ffs(m) - 1;
+          const int stage = at.stage;
+          ptx::mbar_wait(&s.empty[stage], at.phase ^ 1);
+          at.advance(1, s.count);
+          if (!arrived) {
+            ptx::mbar_arrive(&s.full[stage]);
+            continue;
+          }
+          ptx::mbar_arrive_expect_tx(&s.full[stage], s.layout.bytes());
+          uint8_t* dst = s.stage(stage);
+          ptx::bulk_load(dst, src.rows + int64_t(t) * p.row_bytes, p.row_bytes, &s.full[stage]);
+          if (s.layout.prob_bytes) {
+            ptx::bulk_load(dst + s.layout.prob_at, src.probs + int64_t(t) * src.prob_stride,
+                           s.layout.prob_bytes, &s.full[stage]);
+          }
+          if (s.layout.scale_bytes) {
+            ptx::bulk_load(dst + s.layout.scale_at, src.scales + int64_t(t) * p.scale_cols,
+                           s.layout.scale_bytes, &s.full[stage]);
+          }
         }
       }
     }
   }
-  return __shfl_sync(~0u, item, 0);  // lane 0 counted
+  return item;
 }
 
 // Probs and scales that are not 16-byte aligned: the warp's lanes copy them with plain stores.
@@ -299,9 +330,10 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
   const DomainView& d = p.domain;
   const int thread = w * 32 + lane;
   const bool signal_each_chunk = p.permute_blocks > 0;
-  uint32_t item = 0;
-  int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
-  int ordinal = 0;         // of the block's chunk
+  uint32_t item = 0;           // ring items of the block so far (all store warps')
+  RingPos at{w % s.count, 0};  // of this warp's next item: w, w + kStoreWarps, ...
+  int pending_stage = -1;      // stage whose stores were committed but maybe not read yet
+  int ordinal = 0;             // of the block's chunk
   UncountedChunk uncounted;
   for (int step = 0; step < d.nodes; ++step) {
     const int node = domain_at(p, step);
@@ -313,32 +345,40 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
       s.store_routes.load(src.routes, r.first, r.last, thread, 32 * kStoreWarps);
       ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
       bool stored = false;  // by this warp, of this chunk
-      for (int t = r.first; t < r.last; ++t) {
-        const int32_t* rows = s.store_routes.token(t - r.first);
-        if (!any_destination(rows, d.ranks, skip)) continue;
-        const uint32_t mine = item++;
-        if (int(mine % kStoreWarps) != w) continue;
-        const int stage = mine % s.count;
-        ptx::mbar_wait(&s.full[stage], (mine / s.count) & 1);
-        for (int j = 0; j < d.ranks; ++j) {
-          if (rows[j] < 0 || j == skip) continue;
-          if (lane == 0) store_item(p, s, s.stage(stage), d.peer(j), rows[j]);
-          if (!p.side_by_tma) store_side_data_by_lanes(p, src, t, d.peer(j), rows[j], lane);
-        }
-        const bool count_previous = !stored && uncounted.some();
-        if (lane == 0) {
-          ptx::bulk_commit();
-          if (count_previous) {  // all groups but this one are complete: the previous chunk's
-            ptx::bulk_wait<1>();
-            count_in(p, s.chunk_arrivals, uncounted.ordinal, uncounted.node, uncounted.c);
-          } else {
-            ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
+      const int tokens = r.last - r.first;
+      for (int base = 0; base < tokens; base += 32) {
+        const uint32_t leaving = leaving_tokens(s.store_routes, base, tokens, skip, lane);
+        const int n = __popc(leaving);
+        // This warp's items of the group: its k-th leaving tokens with item + k = w (mod warps).
+        for (int k = (w + kStoreWarps - int(item % kStoreWarps)) % kStoreWarps; k < n;
+             k += kStoreWarps) {
+          const int bit = __fns(leaving, 0, k + 1);
+          const int t = r.first + base + bit;
+          const int32_t* rows = s.store_routes.token(base + bit);
+          const int stage = at.stage;
+          ptx::mbar_wait(&s.full[stage], at.phase);
+          at.advance(kStoreWarps, s.count);
+          for (int j = 0; j < d.ranks; ++j) {
+            if (rows[j] < 0 || j == skip) continue;
+            if (lane == 0) store_item(p, s, s.stage(stage), d.peer(j), rows[j]);
+            if (!p.side_by_tma) store_side_data_by_lanes(p, src, t, d.peer(j), rows[j], lane);
           }
-          if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
+          const bool count_previous = !stored && uncounted.some();
+          if (lane == 0) {
+            ptx::bulk_commit();
+            if (count_previous) {  // all groups but this one are complete: the previous chunk's
+              ptx::bulk_wait<1>();
+              count_in(p, s.chunk_arrivals, uncounted.ordinal, uncounted.node, uncounted.c);
+            } else {
+              ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
+            }
+            if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
+          }
+          if (count_previous) uncounted = {};
+          stored = true;
+          pending_stage = stage;
         }
-        if (count_previous) uncounted = {};
-        stored = true;
-        pending_stage = stage;
+        item += n;
       }
       if (signal_each_chunk) {
         if (stored) {
