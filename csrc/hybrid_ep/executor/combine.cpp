@@ -97,7 +97,6 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   // Not keyed on call.probs: an empty probs tensor has a null data pointer, and its combined
   // probs (all zero) must still be written.
   p.out_probs = call.out_probs;
-  p.probs_by_tma = (c.experts_per_rank * 4) % 16 == 0;  // each copy's probs ride in its stage
   if (c.nodes > 1) {
     // fp32 partials of every forwarded token; keyed on with_probs, not on the output pointer:
     // a rank without tokens (empty output) still reduces its peers' probs.

@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstdlib>
 
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -38,13 +37,9 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.chunk = c.dispatch_chunk;
   p.max_chunks = (T + c.dispatch_chunk - 1) / c.dispatch_chunk;
   p.side_by_tma = dispatch_side_data_by_tma(p);
-  if (const char* e = getenv("HEP_X_SIDE_LANES"); e && atoi(e)) p.side_by_tma = false;  // EXPERIMENT
-  p.store_warps = 4;
-  if (const char* e = getenv("HEP_X_STORE_WARPS"); e && atoi(e)) p.store_warps = atoi(e);  // EXPERIMENT
   p.stages = runtime.dispatch_stages(
       dispatch_stage_bytes(call.row_bytes, p.side_by_tma && p.probs ? p.prob_cols * 4 : 0,
-                           p.side_by_tma && p.scales ? p.scale_cols * 4 : 0),
-      p.store_warps);
+                           p.side_by_tma && p.scales ? p.scale_cols * 4 : 0));
   p.dispatch_rows = l.dispatch_rows;
   p.dispatch_probs = l.dispatch_probs;
   p.dispatch_scales = l.dispatch_scales;

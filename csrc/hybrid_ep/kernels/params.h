@@ -189,7 +189,6 @@ struct CombineParams {
   int experts_per_rank;
   int chunk;
   int stages;
-  bool probs_by_tma;  // each copy's E probs are 16-byte multiples: carried in the ring stage
   size_t combine_rows, combine_probs;  // region offsets in the peers
   uint16_t* out;                       // bf16 [num_tokens, H]
   float* out_probs;                    // [num_tokens, E_total] or null

@@ -169,8 +169,8 @@ int Runtime::handle_tokens(int tokens) const {
   return tokens;
 }
 
-int Runtime::dispatch_stages(size_t stage_bytes, int store_warps) const {
-  return ring_stages(config_.stages_dispatch, dispatch_min_stages(store_warps), stage_bytes,
+int Runtime::dispatch_stages(size_t stage_bytes) const {
+  return ring_stages(config_.stages_dispatch, dispatch_min_stages(), stage_bytes,
                      dispatch_reserved_smem(config_.dispatch_chunk, config_.ranks), smem_limit_);
 }
 

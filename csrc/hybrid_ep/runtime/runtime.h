@@ -93,7 +93,7 @@ class Runtime {
   // which only grows; throws std::invalid_argument.
   int handle_tokens(int tokens) const;
   // Resource limits the kernels need (stages clamped to what shared memory holds).
-  int dispatch_stages(size_t stage_bytes, int store_warps) const;
+  int dispatch_stages(size_t stage_bytes) const;
   int combine_stages(size_t stage_bytes) const;
   // Whether stages of `stage_bytes` leave room for every copy of a piece plus one prefetch.
   bool combine_fits(size_t stage_bytes) const;
