@@ -5,8 +5,9 @@
 //                  ranks that received the token into consecutive stages of a shared-memory ring;
 //   reduce warps : each owns every kReduceWarps-th piece of a chunk; once all copies of its
 //                  piece are in, it adds them in fp32 (ascending local rank, as the reference
-//                  does) into the first copy's stage as BF16, bulk-stores that stage to the
-//                  output, writes the routed-back probs (first piece), and hands the stages back.
+//                  does) into the last copy's stage as BF16, hands the other stages back,
+//                  bulk-stores that stage to the output, writes the routed-back probs (first
+//                  piece, loaded by the lanes), and hands the last stage back.
 // Output rows leave by TMA, not by per-lane global stores: on one rank that alone made the
 // kernel 2.5x faster (468 -> 185 us, 8 SMs), the stores of a warp being the bottleneck.
 // With several domains (`partial`) the sums stay fp32 and go to the partials region, for every
@@ -152,6 +153,14 @@ __device__ __forceinline__ void write_probs(const CombineParams& p, const int32_
   }
 }
 
+// Hands stages first + [from, to) of the ring back to the loader.
+__device__ __forceinline__ void release_stages(const Ring& ring, int first, int from, int to) {
+  for (int k = from; k < to; ++k) {
+    const int s = first + k;
+    ptx::mbar_arrive(&ring.empty[s < ring.stages ? s : s - ring.stages]);
+  }
+}
+
 // Reduce warps: warp w owns pieces w, w + kReduceWarps, ... of each chunk (token-major) and
 // reduces them on its own, so no warp ever waits for another one except once per chunk,
 // before the shared routes are replaced.
@@ -204,37 +213,32 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
         }
         if (probs_here && fused) early_prob = copy_prob(p, rows, lane, prob_row);
         const int64_t out_at = int64_t(t) * p.hidden + int64_t(piece) * piece_cols;
-        bool stored = false;  // a bulk store reads the first stage
+        bool stored = false;  // a bulk store reads the last stage
         if (p.partial) {      // several domains: the unrounded fp32 sum, by the lanes
           sum_to_fp32(st, copies, vectors, p.fp32_input, p.partials + out_at, lane);
         } else {
           // One BF16 copy is its own sum: it is stored as it is.
           if (copies > 1 || (copies == 1 && p.fp32_input)) {
-            sum_into_first(st, copies, vectors, p.fp32_input, lane);
+            sum_into_last(st, copies, vectors, p.fp32_input, lane);
           }
           if (copies == 0) {  // no rank received the token: its sum is zero
             for (int v = lane; v < vectors; v += 32) {
               reinterpret_cast<uint4*>(p.out + out_at)[v] = make_uint4(0, 0, 0, 0);
             }
           }
-          __syncwarp();  // the sum is in the first stage; the other stages are no longer read
+          __syncwarp();  // the sum is in the last stage; the other stages are no longer read
           stored = copies > 0;
           if (stored && lane == 0) {
-            ptx::bulk_store(p.out + out_at, st.at(0), piece_cols * 2);
+            ptx::bulk_store(p.out + out_at, st.at(copies - 1), piece_cols * 2);
             ptx::bulk_commit();
           }
         }
+        if (lane == 0) release_stages(ring, st.first, 0, copies - 1);
         if (probs_here) write_probs(p, rows, t, early_prob, lane, 32);
         __syncwarp();
-        if (lane == 0) {
-          for (int k = 1; k < copies; ++k) {
-            const int s = st.first + k;
-            ptx::mbar_arrive(&ring.empty[s < ring.stages ? s : s - ring.stages]);
-          }
-          if (copies > 0) {
-            if (stored) ptx::bulk_wait_read<0>();  // the bulk store has read the first stage
-            ptx::mbar_arrive(&ring.empty[st.first]);
-          }
+        if (lane == 0 && copies > 0) {
+          if (stored) ptx::bulk_wait_read<0>();  // the bulk store has read the last stage
+          release_stages(ring, st.first, copies - 1, copies);
         }
       }
     }

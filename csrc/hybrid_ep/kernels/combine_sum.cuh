@@ -1,6 +1,7 @@
 // The reduce step of the combine kernel: the fp32 sum of a piece's copies (staged in shared
-// memory, ascending local rank, as the reference adds them), written as BF16 over the first
-// copy's stage. Lanes own 8-column vectors.
+// memory, ascending local rank, as the reference adds them), written as BF16 over the last
+// copy's stage, so that the older stages go back to the ring first (the loader refills it in
+// order). Lanes own 8-column vectors.
 // The copy count is a template parameter up to kMaxUnrolled: a runtime count left the inner
 // loop at about 80 instructions per vector (branches per copy and per input type), and the
 // reduce warps were issue-bound (ncu, 2 ranks x 8 SMs: 15 M instructions for 4,096 tokens).
@@ -40,8 +41,10 @@ __device__ __forceinline__ void sum_bf16(const CopyStages& st, int vectors, int 
   const uint4* src[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) src[k] = reinterpret_cast<const uint4*>(st.at(k));
-  uint4* out = reinterpret_cast<uint4*>(st.at(0));
-#pragma unroll 2
+  uint4* out = reinterpret_cast<uint4*>(st.at(K - 1));
+  // More vectors in flight for few copies: the sum holds the stages of the ring.
+  constexpr int kUnroll = K <= 4 ? 4 : 2;
+#pragma unroll kUnroll
   for (int v = lane; v < vectors; v += 32) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -57,7 +60,7 @@ __device__ __forceinline__ void sum_fp32(const CopyStages& st, int vectors, int 
   const float4* src[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) src[k] = reinterpret_cast<const float4*>(st.at(k));
-  uint4* out = reinterpret_cast<uint4*>(st.at(0));
+  uint4* out = reinterpret_cast<uint4*>(st.at(K - 1));
   for (int base = 0; base < vectors; base += 32) {
     const int v = base + lane;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -74,7 +77,7 @@ __device__ __forceinline__ void sum_fp32(const CopyStages& st, int vectors, int 
 // run time.
 __device__ __noinline__ void sum_any(const CopyStages& st, int copies, int vectors, bool fp32_input,
                                      int lane) {
-  uint4* out = reinterpret_cast<uint4*>(st.at(0));
+  uint4* out = reinterpret_cast<uint4*>(st.at(copies - 1));
   for (int base = 0; base < vectors; base += 32) {
     const int v = base + lane;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -102,9 +105,9 @@ __device__ __forceinline__ void sum_fixed(const CopyStages& st, int vectors, boo
   }
 }
 
-// The sum of `copies` (>= 1) staged copies into the first one; afterwards the bulk store of
-// the first stage (async proxy) sees it.
-__device__ __forceinline__ void sum_into_first(const CopyStages& st, int copies, int vectors,
+// The sum of `copies` (>= 1) staged copies into the last one; afterwards the bulk store of
+// that stage (async proxy) sees it.
+__device__ __forceinline__ void sum_into_last(const CopyStages& st, int copies, int vectors,
                                                bool fp32_input, int lane) {
   switch (copies) {
     case 1:
