@@ -108,7 +108,7 @@ __device__ __forceinline__ void sum_fixed(const CopyStages& st, int vectors, boo
 // The sum of `copies` (>= 1) staged copies into the last one; afterwards the bulk store of
 // that stage (async proxy) sees it.
 __device__ __forceinline__ void sum_into_last(const CopyStages& st, int copies, int vectors,
-                                               bool fp32_input, int lane) {
+                                              bool fp32_input, int lane) {
   switch (copies) {
     case 1:
       sum_fixed<1>(st, vectors, fp32_input, lane);
