@@ -22,6 +22,7 @@
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/common/ring_pos.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 
@@ -81,8 +82,7 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
   const int bytes = piece_bytes(p);
   const int64_t in_row_bytes = int64_t(bytes) * p.pieces;
   uint32_t item = 0;
-  int stage = 0;       // item % stages, kept without divisions
-  uint32_t phase = 0;  // (item / stages) & 1
+  RingPos at{0, 0};
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
   for (int c = blockIdx.x; c < chunks; c += p.combine_blocks) {
     const int first = c * p.chunk;
@@ -99,17 +99,15 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
       for (int piece = 0; piece < p.pieces; ++piece) {
         for (int j = 0; j < p.domain.ranks; ++j) {
           if (rows[j] < 0) continue;
-          ptx::mbar_wait(&ring.empty[stage], phase ^ 1);
+          const int stage = at.stage;
+          ptx::mbar_wait(&ring.empty[stage], at.phase ^ 1);
           ptx::mbar_arrive_expect_tx(&ring.full[stage], bytes);
           const uint8_t* peer = p.domain.peer(j);
           ptx::bulk_load(ring.row(stage),
                          peer + p.combine_rows + rows[j] * in_row_bytes + int64_t(piece) * bytes,
                          bytes, &ring.full[stage]);
           *static_cast<volatile uint32_t*>(ring.issued) = ++item;
-          if (++stage == ring.stages) {
-            stage = 0;
-            phase ^= 1;
-          }
+          at.advance(1, ring.stages);
         }
       }
     }

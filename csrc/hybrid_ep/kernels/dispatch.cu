@@ -23,6 +23,7 @@
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/common/ring_pos.cuh"
 #include "hybrid_ep/kernels/dispatch_permute.cuh"
 #include "hybrid_ep/kernels/network_send.cuh"
 #include "hybrid_ep/kernels/params.h"
@@ -134,20 +135,6 @@ __device__ __forceinline__ uint32_t leaving_tokens(const ChunkRoutes& routes, in
   const int k = base + lane;
   return __ballot_sync(~0u, k < tokens && any_destination(routes.token(k), routes.ranks, skip));
 }
-
-// A role's position in the ring, advanced by `step` items at a time (step < stages) without
-// divisions.
-struct RingPos {
-  int stage;
-  uint32_t phase;
-  __device__ void advance(int step, int stages) {
-    stage += step;
-    if (stage >= stages) {
-      stage -= stages;
-      phase ^= 1;
-    }
-  }
-};
 
 struct ChunkRange {
   int first, last;
@@ -330,10 +317,10 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
   const DomainView& d = p.domain;
   const int thread = w * 32 + lane;
   const bool signal_each_chunk = p.permute_blocks > 0;
-  uint32_t item = 0;           // ring items of the block so far (all store warps')
-  RingPos at{w % s.count, 0};  // of this warp's next item: w, w + kStoreWarps, ...
-  int pending_stage = -1;      // stage whose stores were committed but maybe not read yet
-  int ordinal = 0;             // of the block's chunk
+  uint32_t item = 0;       // ring items of the block so far (all store warps')
+  RingPos at{w, 0};        // of this warp's next item: w, w + kStoreWarps, ...
+  int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
+  int ordinal = 0;         // of the block's chunk
   UncountedChunk uncounted;
   for (int step = 0; step < d.nodes; ++step) {
     const int node = domain_at(p, step);
@@ -350,8 +337,7 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
         const uint32_t leaving = leaving_tokens(s.store_routes, base, tokens, skip, lane);
         const int n = __popc(leaving);
         // This warp's items of the group: its k-th leaving tokens with item + k = w (mod warps).
-        for (int k = (w + kStoreWarps - int(item % kStoreWarps)) % kStoreWarps; k < n;
-             k += kStoreWarps) {
+        for (int k = to_own_item(item, w, kStoreWarps); k < n; k += kStoreWarps) {
           const int bit = __fns(leaving, 0, k + 1);
           const int t = r.first + base + bit;
           const int32_t* rows = s.store_routes.token(base + bit);

@@ -19,6 +19,7 @@
 
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/common/ring_pos.cuh"
 #include "hybrid_ep/kernels/params.h"
 
 namespace hybrid_ep {
@@ -152,6 +153,7 @@ __device__ __forceinline__ ItemRows item_rows(const DispatchParams& p, const Per
 // goes on.
 __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int block, int lane,
                                   uint32_t item) {
+  RingPos at = RingPos::of(item, ring.count);  // lane 0's
   for (int q = block; q < permute_items(p); q += p.permute_blocks) {
     const PermuteItem it = permute_item(p, q);
     if (it.first >= it.last) continue;
@@ -160,12 +162,11 @@ __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int
     if (lane == 0) {
       const bool arrived = it.own || permute_chunk_arrived(p, it);
       const uint8_t* rows = PermuteSource::of(p, it).rows;
-      uint32_t at = item;
       for (uint32_t m = r.mask; m != 0; m &= m - 1) {
         const int k = it.first + __ffs(m) - 1;
-        const int stage = at % ring.count;
-        ptx::mbar_wait(&ring.empty[stage], ((at / ring.count) & 1) ^ 1);
-        ++at;
+        const int stage = at.stage;
+        ptx::mbar_wait(&ring.empty[stage], at.phase ^ 1);
+        at.advance(1, ring.count);
         if (!arrived) {  // pass the item on unloaded so that the store warps finish
           ptx::mbar_arrive(&ring.full[stage]);
           continue;
@@ -183,20 +184,22 @@ __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int
 __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, int block, int w,
                                    int warps, int lane, uint32_t item) {
   const int E = p.permute.experts_per_rank;
+  // This warp's items are those with item % warps == w (warps < ring stages).
+  RingPos at = RingPos::of(item + to_own_item(item, w, warps), ring.count);
   int pending_stage = -1;
   for (int q = block; q < permute_items(p); q += p.permute_blocks) {
     const PermuteItem it = permute_item(p, q);
     if (it.first >= it.last) continue;
     const ItemRows r = item_rows(p, it, lane);
     const PermuteSource src = PermuteSource::of(p, it);
-    for (uint32_t m = r.mask; m != 0; m &= m - 1) {
-      const int bit = __ffs(m) - 1;
-      const uint32_t mine = item++;
-      if (int(mine % warps) != w) continue;
+    const int n = __popc(r.mask);
+    for (int j = to_own_item(item, w, warps); j < n; j += warps) {
+      const int bit = __fns(r.mask, 0, j + 1);
       const int k = it.first + bit;
       const int i = __shfl_sync(~0u, r.row, bit);
-      const int stage = mine % ring.count;
-      ptx::mbar_wait(&ring.full[stage], (mine / ring.count) & 1);
+      const int stage = at.stage;
+      ptx::mbar_wait(&ring.full[stage], at.phase);
+      at.advance(warps, ring.count);
       const int32_t* slots = p.permute.dense_to_expert_map + int64_t(i) * E;
       // Lane l holds expert e0 + l's output row and prob: the warp's loads are in flight at
       // once (one after the other, they left a row's stores waiting on a chain of loads).
@@ -228,6 +231,7 @@ __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, in
       }
       pending_stage = stage;
     }
+    item += n;
   }
   if (lane == 0) {
     ptx::bulk_wait<0>();
