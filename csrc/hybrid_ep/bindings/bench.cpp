@@ -2,8 +2,12 @@
 // (tensor.data_ptr(), torch.cuda.current_stream().cuda_stream).
 #include "hybrid_ep/bindings/bench.h"
 
+#include <pybind11/stl.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "hybrid_ep/kernels/copy_ceiling.h"
 
@@ -15,8 +19,20 @@ void register_bench(py::module_& m) {
   m.def(
       "copy_ceiling",
       [](uintptr_t src, uintptr_t dst, int64_t rows, int row_bytes, int k, bool fan_in, int blocks,
-         int stages, uintptr_t stream, int in_flight, int store_lanes, int release_every) {
+         int stages, uintptr_t stream, int in_flight, int store_lanes, int release_every,
+         const std::vector<uintptr_t>& copy_dst) {
         CopyCeilingParams p{};
+        if (!copy_dst.empty() && int(copy_dst.size()) != k) {
+          throw py::value_error("copy_dst: " + std::to_string(copy_dst.size()) +
+                                " addresses for k=" + std::to_string(k) + " copies");
+        }
+        if (int(copy_dst.size()) > kMaxCopyDestinations) {
+          throw py::value_error("copy_dst: at most " + std::to_string(kMaxCopyDestinations) +
+                                " addresses");
+        }
+        for (size_t j = 0; j < copy_dst.size(); ++j) {
+          p.copy_dst[j] = reinterpret_cast<uint8_t*>(copy_dst[j]);
+        }
         p.src = reinterpret_cast<const uint8_t*>(src);
         p.dst = reinterpret_cast<uint8_t*>(dst);
         p.rows = rows;
@@ -36,11 +52,13 @@ void register_bench(py::module_& m) {
       py::arg("src"), py::arg("dst"), py::arg("rows"), py::arg("row_bytes"), py::arg("k"),
       py::arg("fan_in"), py::arg("blocks"), py::arg("stages"), py::arg("stream"),
       py::arg("in_flight") = 2, py::arg("store_lanes") = 1, py::arg("release_every") = 1,
+      py::arg("copy_dst") = std::vector<uintptr_t>{},
       "Launches the TMA copy-ceiling kernel (kernels/copy_ceiling.h) on `stream` and returns "
       "(stages, in_flight) as used: stages clamped to shared memory, in_flight to what the ring "
       "leaves room for. fan_in=False: src [rows, row_bytes] -> dst [k * rows, row_bytes], each "
       "row stored k times; fan_in=True: src [k * rows, row_bytes] -> dst [rows, row_bytes], k "
-      "rows loaded per row stored. store_lanes (1-4) threads issue the stores, each waiting for "
+      "rows loaded per row stored; copy_dst (fan-out, k addresses) sends copy j to copy_dst[j] + "
+      "row * row_bytes instead. store_lanes (1-4) threads issue the stores, each waiting for "
       "its stores' shared-memory reads every release_every groups. Asynchronous; time it with "
       "CUDA events.");
 }

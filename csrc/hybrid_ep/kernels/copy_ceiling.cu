@@ -101,6 +101,11 @@ __device__ void store_rows(const CopyCeilingParams& p, uint8_t* ring, uint64_t* 
     const uint8_t* row = ring + size_t(first % stages) * stride;
     if (p.fan_in) {
       ptx::bulk_store(p.dst + i * p.row_bytes, row, uint32_t(p.row_bytes));
+    } else if (p.copy_dst[0] != nullptr) {
+#pragma unroll  // constant indices keep copy_dst in parameter space
+      for (int j = 0; j < kMaxCopyDestinations; ++j) {
+        if (j < p.k) ptx::bulk_store(p.copy_dst[j] + i * p.row_bytes, row, uint32_t(p.row_bytes));
+      }
     } else {
       for (int j = 0; j < p.k; ++j) {
         ptx::bulk_store(p.dst + (int64_t(j) * p.rows + i) * p.row_bytes, row,
@@ -192,6 +197,16 @@ void launch_copy_ceiling(const CopyCeilingParams& p, int blocks, cudaStream_t st
   }
   if ((reinterpret_cast<uintptr_t>(p.src) | reinterpret_cast<uintptr_t>(p.dst)) % 16 != 0) {
     reject("src and dst must be 16-byte aligned");
+  }
+  if (p.copy_dst[0] != nullptr) {
+    if (p.fan_in || p.k > kMaxCopyDestinations) {
+      reject("copy_dst: only for fan-out with k <= " + std::to_string(kMaxCopyDestinations));
+    }
+    for (int j = 0; j < p.k; ++j) {
+      if (p.copy_dst[j] == nullptr || reinterpret_cast<uintptr_t>(p.copy_dst[j]) % 16 != 0) {
+        reject("copy_dst[" + std::to_string(j) + "]: expected a 16-byte aligned address");
+      }
+    }
   }
   if (p.rows == 0) return;
   const size_t smem = copy_ceiling_smem_bytes(p.row_bytes, p.stages);

@@ -12,6 +12,9 @@
 
 namespace hybrid_ep {
 
+// Fan-out copies that may each go to their own buffer (another process's, through CUDA IPC).
+constexpr int kMaxCopyDestinations = 8;
+
 struct CopyCeilingParams {
   const uint8_t* src;  // fan-out: [rows, row_bytes]; fan-in: [rows * k, row_bytes]
   uint8_t* dst;        // fan-out: [rows * k, row_bytes]; fan-in: [rows, row_bytes]
@@ -23,6 +26,9 @@ struct CopyCeilingParams {
   int in_flight;      // per store lane: groups whose shared-memory reads may be pending (0..7)
   int release_every;  // per store lane: groups between two waits for the reads (>= 1)
   int store_lanes;    // store threads (one per warp), group n to lane n % store_lanes (1..4)
+  // Fan-out only, optional: copy j of row i goes to copy_dst[j] + i * row_bytes instead of
+  // dst's row (j * rows + i); all k set, or none (k <= kMaxCopyDestinations then).
+  uint8_t* copy_dst[kMaxCopyDestinations];
 };
 
 // Dynamic shared memory of a ring of `stages` rows.
