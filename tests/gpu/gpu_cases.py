@@ -35,13 +35,20 @@ import zlib
 
 import torch
 import torch.distributed as dist
+from gpu_checks import (  # noqa: F401 - as_bytes and check_same are the case modules' too
+    Stats,
+    as_bytes,
+    check_combine,
+    check_dispatch,
+    check_handle,
+    check_same,
+    first_mismatch,
+)
 
-from cases.check import assert_same, plus_zero
+from cases.check import plus_zero
 from cases.common import env
 
 DRY_RUN = os.environ.get("HYBRID_EP_GPU_TESTS_DRY_RUN", "") == "1"
-HANDLE_NAMES = ("sparse_to_dense_map", "rdma_to_attn_map", "attn_to_rdma_map",
-                "num_dispatched_tokens_tensor", "local_expert_routing_map")
 FP8_KINDS = ("u8", "e4m3")
 
 
@@ -201,12 +208,6 @@ def routing_args(spec: dict, rt: dict, on_cpu: bool = False) -> dict:
     return kw
 
 
-def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """float8_e4m3fn as its uint8 bytes (the reference engine's CPU ops lack some float8
-    kernels, e.g. masked_fill; it moves bytes either way); other dtypes unchanged."""
-    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-
-
 def hidden_args(spec: dict, hidden, scales, on_cpu: bool = False) -> dict:
     if on_cpu:
         return {"hidden": as_bytes(hidden.cpu()), "scaling_factor": cpu(scales)}
@@ -237,98 +238,7 @@ def combine_inputs(ctx: Ctx, spec: dict, rows: int, salt: str):
     return y, yp, passed, passed_probs
 
 
-# -- checks ----------------------------------------------------------------------------------
-class Stats:
-    """Per-rank tally of the combine comparisons (reported by the tests)."""
-
-    def __init__(self):
-        self.combines = 0
-        self.bitwise = 0
-        self.max_abs_diff = 0.0
-        self.dispatches = 0
-
-    def as_dict(self, **extra) -> dict:
-        return dict(combines=self.combines, combine_bitwise=self.bitwise,
-                    max_abs_diff=self.max_abs_diff, dispatches=self.dispatches, **extra)
-
-
-def check_same(ctx: Ctx, got, exp, what: str) -> None:
-    """``got`` (on the rank's device) bitwise equal to ``exp`` (CPU), or both None."""
-    if exp is None:
-        assert got is None, f"{ctx.where()} {what}: expected None, got {type(got).__name__}"
-        return
-    assert isinstance(got, torch.Tensor), \
-        f"{ctx.where()} {what}: expected a tensor, got {type(got).__name__}"
-    assert got.device == ctx.dev, f"{ctx.where()} {what}: on {got.device}, expected {ctx.dev}"
-    assert_same(got.cpu(), exp, what, ctx.rank)
-
-
-def check_handle(ctx: Ctx, handle, ref, what: str) -> None:
-    assert isinstance(handle, tuple) and len(handle) == 7, \
-        f"{ctx.where()} {what}: expected a 7-tuple handle, got {type(handle).__name__}"
-    for pos, name in enumerate(HANDLE_NAMES):
-        check_same(ctx, handle[pos], ref[pos], f"{what} handle[{pos}] {name}")
-    assert handle[5] == ref[5], \
-        f"{ctx.where()} {what} handle[5] num_of_tokens_per_rank: {handle[5]} vs {ref[5]}"
-    for field in ("buffer_id", "num_tokens", "num_dispatched_tokens",
-                  "max_num_of_tokens_per_rank"):
-        got, exp = getattr(handle[6], field), getattr(ref[6], field)
-        assert got == exp, f"{ctx.where()} {what} handle[6].{field}: {got} vs reference {exp}"
-
-
-def check_dispatch(ctx: Ctx, out, ref, what: str, dtype, stats: Stats) -> None:
-    assert isinstance(out, tuple) and len(out) == 4, \
-        f"{ctx.where()} {what}: dispatch returned {type(out).__name__}"
-    tokens = out[0]
-    assert isinstance(tokens, torch.Tensor) and tokens.dtype == dtype, \
-        f"{ctx.where()} {what}: dispatched_token dtype {getattr(tokens, 'dtype', None)}, " \
-        f"expected {dtype}"
-    check_same(ctx, as_bytes(tokens), as_bytes(ref[0]), f"{what}: dispatched_token")
-    check_same(ctx, out[1], ref[1], f"{what}: dispatched_probs")
-    check_same(ctx, out[2], ref[2], f"{what}: dispatched_scaling_factor")
-    check_handle(ctx, out[3], ref[3], what)
-    stats.dispatches += 1
-
-
-def check_combine(ctx: Ctx, out, ref, what: str, stats: Stats) -> None:
-    """Within BF16 rounding of the fp32 sum (assert_close), bitwise noted; probs exact."""
-    assert isinstance(out, tuple) and len(out) == 2, \
-        f"{ctx.where()} {what}: combine returned {type(out).__name__}"
-    tokens, probs = out
-    ref_tokens, ref_probs = ref
-    assert isinstance(tokens, torch.Tensor) and tokens.device == ctx.dev, \
-        f"{ctx.where()} {what}: combined_token on {getattr(tokens, 'device', None)}"
-    assert tokens.dtype == torch.bfloat16, f"{ctx.where()} {what}: dtype {tokens.dtype}"
-    assert tuple(tokens.shape) == tuple(ref_tokens.shape), \
-        f"{ctx.where()} {what}: shape {tuple(tokens.shape)} vs {tuple(ref_tokens.shape)}"
-    got = tokens.cpu()
-    torch.testing.assert_close(
-        got.float(), ref_tokens.float(), rtol=1e-2, atol=1e-3,
-        msg=lambda m: f"{ctx.where()} {what}: combined_token vs the reference engine: {m}")
-    stats.combines += 1
-    if torch.equal(plus_zero(got), plus_zero(ref_tokens)):
-        stats.bitwise += 1
-    if got.numel():
-        diff = float((got.float() - ref_tokens.float()).abs().max())
-        stats.max_abs_diff = max(stats.max_abs_diff, diff)
-    check_same(ctx, probs, ref_probs, f"{what}: combined_probs")
-
-
-def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> str:
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return f"got {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
-    g, w = got.cpu(), want.cpu()
-    if g.is_floating_point():
-        g, w = plus_zero(g), plus_zero(w)
-    rows = torch.nonzero((g != w).reshape(g.shape[0], -1).any(dim=1)).flatten().tolist()
-    if not rows:
-        return "no differing rows (shapes or dtypes differ?)"
-    t = rows[0]
-    cols = torch.nonzero(g[t] != w[t]).flatten().tolist()
-    return (f"{len(rows)} of {g.shape[0]} rows differ; row {t}, columns {cols[:8]}...: got "
-            f"{g[t, cols[:4]].tolist()}, expected {w[t, cols[:4]].tolist()}")
-
-
+# -- checks (the rest: gpu_checks.py) ------------------------------------------------------
 def check_round_trip(ctx: Ctx, buf, out, x: torch.Tensor, rt: dict, spec: dict, what: str):
     """combine(dispatch(x)) == x * copies exactly (BF16 x, fp32 sum of equal copies is exact);
     combined_probs == the dense probs passed. Returns the combine outputs."""
@@ -341,7 +251,7 @@ def check_round_trip(ctx: Ctx, buf, out, x: torch.Tensor, rt: dict, spec: dict, 
         f"{ctx.where()} {what}: combined {combined.dtype} on {combined.device}"
     if not torch.equal(plus_zero(combined), plus_zero(want)):
         raise AssertionError(f"{ctx.where()} {what}: combine(dispatch(x)) != x * copies: "
-                             + _first_mismatch(combined, want))
+                             + first_mismatch(combined, want))
     if spec["with_probs"]:
         assert cprobs is not None and torch.equal(cprobs, rt["probs"]), \
             f"{ctx.where()} {what}: combined_probs of the round trip != the probs passed"
@@ -506,7 +416,7 @@ def long_run(ctx: Ctx, seed: int, H: int, E: int, max_tokens: int, iters: int,
             again = buf.dispatch(hidden=x, handle=out[3])
             assert torch.equal(again[0], out[0]), \
                 f"{ctx.where()} {what}: dispatch(x, handle=h) != dispatch(x): " \
-                + _first_mismatch(again[0], out[0])
+                + first_mismatch(again[0], out[0])
             reused += 1
     ctx.sync()
     return stats.as_dict(iterations=iters, reused=reused, seconds=time.monotonic() - start)
