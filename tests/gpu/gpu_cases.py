@@ -35,13 +35,12 @@ import zlib
 
 import torch
 import torch.distributed as dist
-from gpu_checks import (  # noqa: F401 - as_bytes and check_same are the case modules' too
+from gpu_checks import (
     Stats,
     as_bytes,
     check_combine,
     check_dispatch,
     check_handle,
-    check_same,
     first_mismatch,
 )
 

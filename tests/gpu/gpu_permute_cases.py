@@ -13,10 +13,6 @@ from __future__ import annotations
 import torch
 from gpu_cases import (
     FP8_KINDS,
-    Stats,
-    as_bytes,
-    check_combine,
-    check_same,
     cpu,
     domain_args,
     hidden_args,
@@ -26,6 +22,7 @@ from gpu_cases import (
     nobody_received,
     routing_args,
 )
+from gpu_checks import Stats, as_bytes, check_combine, check_same
 
 from cases.check import plus_zero
 
