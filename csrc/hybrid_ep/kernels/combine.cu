@@ -43,6 +43,10 @@ __host__ __device__ inline int stage_stride(int piece_bytes) { return align_up(p
 
 struct Ring {
   uint8_t* rows;
+  // [ranks]: where each local rank's staged combine rows start. Read from the peer table in
+  // global memory instead, the loader lane's chain waited on that load for every copy it
+  // issued, and the reduce warps waited for the loader (ncu, 2 ranks).
+  const uint8_t** sources;
   uint64_t* full;
   uint64_t* empty;
   ChunkRoutes loader_routes, reduce_routes;
@@ -70,7 +74,8 @@ __device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p
   ring.rows = smem;
   ring.full = reinterpret_cast<uint64_t*>(smem + size_t(ring.stride) * p.stages);
   ring.empty = ring.full + p.stages;
-  int32_t* routes = reinterpret_cast<int32_t*>(ring.empty + p.stages);
+  ring.sources = reinterpret_cast<const uint8_t**>(ring.empty + p.stages);
+  int32_t* routes = reinterpret_cast<int32_t*>(ring.sources + p.domain.ranks);
   ring.loader_routes = ChunkRoutes{routes, p.domain.ranks};
   ring.reduce_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
   ring.starts = routes + 2 * p.chunk * p.domain.ranks;
@@ -104,10 +109,9 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
           const int stage = at.stage;
           ptx::mbar_wait(&ring.empty[stage], at.phase ^ 1);
           ptx::mbar_arrive_expect_tx(&ring.full[stage], bytes);
-          const uint8_t* peer = p.domain.peer(j);
           ptx::bulk_load(ring.row(stage),
-                         peer + p.combine_rows + rows[j] * in_row_bytes + int64_t(piece) * bytes,
-                         bytes, &ring.full[stage]);
+                         ring.sources[j] + rows[j] * in_row_bytes + int64_t(piece) * bytes, bytes,
+                         &ring.full[stage]);
           *static_cast<volatile uint32_t*>(ring.issued) = ++item;
           at.advance(1, ring.stages);
         }
@@ -272,6 +276,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const Ring ring = carve_ring(smem, p);
   const int warp = threadIdx.x / 32;
+  for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) {
+    ring.sources[j] = p.domain.peer(j) + p.combine_rows;
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < ring.stages; ++s) {
       ptx::mbar_init(&ring.full[s], 1);
@@ -313,8 +320,10 @@ size_t combine_stage_bytes(const CombineParams& p) {
 }
 
 size_t combine_reserved_smem(int chunk, int ranks) {
-  // Both roles' routes, the chunk's copy counts before each token (chunk + 1), the issue counter.
-  return (2 * size_t(ranks) + 1) * sizeof(int32_t) * size_t(chunk) + 16;
+  // The sources, both roles' routes, the chunk's copy counts before each token (chunk + 1), the
+  // issue counter.
+  return sizeof(uint8_t*) * size_t(ranks) +
+         (2 * size_t(ranks) + 1) * sizeof(int32_t) * size_t(chunk) + 16;
 }
 
 void launch_combine(const CombineParams& p, cudaStream_t stream) {

@@ -72,6 +72,9 @@ struct Smem {
   uint8_t* stages;
   uint64_t* full;
   uint64_t* empty;
+  // [ranks]: each local rank's registered buffer, copied from the peer table in global memory,
+  // whose load sat in a store lane's chain for every destination of every row.
+  uint8_t** peers;
   ChunkRoutes loader_routes, store_routes;
   TokenRun* runs;       // the network warps' scratch, run_count(chunk) each
   int* chunk_arrivals;  // [2] fused with permute: store warps done with a chunk, by parity
@@ -84,9 +87,10 @@ struct Smem {
     return size_t(l.stride) * p.stages + 2 * sizeof(uint64_t) * p.stages +
            reserved_bytes(p.chunk, p.domain.ranks);
   }
-  // Everything but the ring: routes of two chunks, the runs, the chunk arrivals.
+  // Everything but the ring: the peers, routes of two chunks, the runs, the chunk arrivals.
   __host__ __device__ static size_t reserved_bytes(int chunk, int ranks) {
-    return 2 * sizeof(int32_t) * size_t(chunk) * ranks + run_bytes(chunk) + 2 * sizeof(int);
+    return sizeof(uint8_t*) * size_t(ranks) + 2 * sizeof(int32_t) * size_t(chunk) * ranks +
+           run_bytes(chunk) + 2 * sizeof(int);
   }
   __host__ __device__ static int run_count(int chunk) { return (chunk + 1) / 2; }
   __host__ __device__ static size_t run_bytes(int chunk) {
@@ -101,7 +105,8 @@ __device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
   s.stages = base;
   s.full = reinterpret_cast<uint64_t*>(base + size_t(s.layout.stride) * p.stages);
   s.empty = s.full + p.stages;
-  int32_t* routes = reinterpret_cast<int32_t*>(s.empty + p.stages);
+  s.peers = reinterpret_cast<uint8_t**>(s.empty + p.stages);
+  int32_t* routes = reinterpret_cast<int32_t*>(s.peers + p.domain.ranks);
   s.loader_routes = ChunkRoutes{routes, p.domain.ranks};
   s.store_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
   s.runs = reinterpret_cast<TokenRun*>(routes + 2 * p.chunk * p.domain.ranks);
@@ -346,8 +351,8 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
           at.advance(kStoreWarps, s.count);
           for (int j = 0; j < d.ranks; ++j) {
             if (rows[j] < 0 || j == skip) continue;
-            if (lane == 0) store_item(p, s, s.stage(stage), d.peer(j), rows[j]);
-            if (!p.side_by_tma) store_side_data_by_lanes(p, src, t, d.peer(j), rows[j], lane);
+            if (lane == 0) store_item(p, s, s.stage(stage), s.peers[j], rows[j]);
+            if (!p.side_by_tma) store_side_data_by_lanes(p, src, t, s.peers[j], rows[j], lane);
           }
           const bool count_previous = !stored && uncounted.some();
           if (lane == 0) {
@@ -477,6 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   const Smem s = carve(smem, p);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) s.peers[j] = p.domain.peer(j);
   if (threadIdx.x == 0) {
     for (int i = 0; i < s.count; ++i) {
       ptx::mbar_init(&s.full[i], 1);
