@@ -16,6 +16,7 @@
 // unpermute (combine_unpermute.cuh), the grid's blocks fill it first (inside one domain every
 // block, with several domains extra blocks) while the loader waits per chunk.
 #include <algorithm>
+#include <cub/warp/warp_scan.cuh>
 
 #include "hybrid_ep/kernels/combine_sum.cuh"
 #include "hybrid_ep/kernels/combine_unpermute.cuh"
@@ -167,18 +168,15 @@ __device__ __forceinline__ void release_stages(const Ring& ring, int first, int 
 
 // Warp 0 of the reduce warps: ring.starts of the chunk's `tokens` staged routes.
 __device__ void count_chunk_copies(const Ring& ring, int tokens, int lane) {
+  using WarpScan = cub::WarpScan<int>;
+  __shared__ typename WarpScan::TempStorage scan;  // empty: the warp scan runs on shuffles
   int before = 0;
   for (int base = 0; base < tokens; base += 32) {
     const int k = base + lane;
-    const int copies = k < tokens ? ring.reduce_routes.copies(k) : 0;
-    int upto = copies;  // inclusive scan over the lanes
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int other = __shfl_up_sync(~0u, upto, d);
-      if (lane >= d) upto += other;
-    }
-    if (k < tokens) ring.starts[k] = before + upto - copies;
-    before += __shfl_sync(~0u, upto, 31);
+    int start, all;
+    WarpScan(scan).ExclusiveSum(k < tokens ? ring.reduce_routes.copies(k) : 0, start, all);
+    if (k < tokens) ring.starts[k] = before + start;
+    before += all;
   }
   if (lane == 0) ring.starts[tokens] = before;
 }
@@ -224,8 +222,9 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       // after the waits (the loader's flag wait precedes its loads).
       const bool fused = p.unpermute_blocks > 0;
       float early_prob = probs_here && !fused ? copy_prob(p, rows, lane, prob_row) : 0.f;
-      const CopyStages st{ring.rows, ring.stride, ring.stages, int(item % ring.stages)};
-      const uint32_t parity = (item / ring.stages) & 1;
+      const RingPos at_first = RingPos::of(item, ring.stages);
+      const CopyStages st{ring.rows, ring.stride, ring.stages, at_first.stage};
+      const uint32_t parity = at_first.phase;
       if (copies > 0) {
         // Back off while waiting, so waiting warps leave the shared-memory pipe to others.
         while (*static_cast<volatile uint32_t*>(ring.issued) < item + copies) __nanosleep(32);
