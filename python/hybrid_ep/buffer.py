@@ -334,7 +334,7 @@ class HybridEPBuffer:
             call = self.config.replace(
                 max_num_of_tokens_per_rank=tokens, with_permute=False,
                 num_tokens=hidden.shape[0], num_dispatched_tokens=layout.num_dispatched_tokens,
-                non_blocking=False)
+                own_rows=layout.own_rows, non_blocking=False)
             handle = handles.make_dispatch_handle(layout, tokens, call, hidden.device)
         return out, out_probs, out_scales, handle
 

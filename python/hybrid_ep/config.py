@@ -338,6 +338,8 @@ class HybridEPConfig:
     with_permute: bool | None = None
     num_tokens: int | None = None
     num_dispatched_tokens: int | None = None
+    # CUDA engine: rows [begin, end) of the dispatch order that are this rank's own tokens.
+    own_rows: tuple[int, int] | None = None
     num_permuted_tokens: int | None = None
     non_blocking: bool | None = None
 

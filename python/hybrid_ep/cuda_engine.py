@@ -247,10 +247,11 @@ class CudaEngine:
         layouts, and the caller grows and redoes the call)."""
         self._summary_ready.synchronize()
         self.check_status()
-        dispatched, needed = self.runtime.summary()
+        dispatched, needed, own_begin, own_end = self.runtime.summary()
         if needed > self.config.max_num_of_tokens_per_rank:
             raise NeedsGrowth(int(needed))
         layout.num_dispatched_tokens = int(dispatched)
+        layout.own_rows = (int(own_begin), int(own_end))
         if self._counts_pending:
             layout.expert_counts = self._expert_counts.clone()
             self._counts_pending = False
@@ -281,7 +282,14 @@ class CudaEngine:
         if fused_permute is not None:
             return self._dispatch_permute(args, hidden, probs is not None, scale_cols, layout,
                                           fused_permute)
-        self.runtime.dispatch(*args, stream)
+        # With the output's size known before the launch (a handle's), inside one domain, this
+        # rank's rows from itself go straight into the output instead of through its buffer:
+        # the copy out leaves them out (at one rank, all of it).
+        direct = (not keep_in_buffer and not self._fresh_layout and layout.own_rows is not None
+                  and self.topo.num_of_nodes == 1)
+        outputs = (self._dispatch_outputs(layout.num_dispatched_tokens, hidden, probs,
+                                          scaling_factor) if direct else (None, None, None))
+        self.runtime.dispatch(*args, *(_ptr(t) for t in outputs), stream)
         if self._fresh_layout:
             self._read_summary(layout)
         self._fresh_layout = False
@@ -291,6 +299,14 @@ class CudaEngine:
                                 probs is not None)
             return staged, None, None
         rows = layout.num_dispatched_tokens
+        if not direct:
+            outputs = self._dispatch_outputs(rows, hidden, probs, scaling_factor)
+        written = layout.own_rows if direct else (0, 0)
+        self.runtime.copy_dispatched(*(_ptr(t) for t in outputs), rows, row_bytes, scale_cols,
+                                     *written, stream)
+        return outputs
+
+    def _dispatch_outputs(self, rows: int, hidden, probs, scaling_factor):
         out = torch.empty(rows, hidden.shape[1], dtype=hidden.dtype, device=self.device)
         out_probs = None
         if probs is not None:
@@ -298,9 +314,8 @@ class CudaEngine:
                                     dtype=torch.float32, device=self.device)
         out_scales = None
         if scaling_factor is not None:
-            out_scales = torch.empty(rows, scale_cols, dtype=torch.float32, device=self.device)
-        self.runtime.copy_dispatched(out.data_ptr(), _ptr(out_probs), _ptr(out_scales), rows,
-                                     row_bytes, scale_cols, stream)
+            out_scales = torch.empty(rows, scaling_factor.shape[1], dtype=torch.float32,
+                                     device=self.device)
         return out, out_probs, out_scales
 
     def _dispatch_permute(self, args, hidden, with_probs: bool, scale_cols: int,
@@ -358,6 +373,11 @@ class CudaEngine:
             out_probs = torch.empty(num_tokens, self.experts * self.topo.group_size,
                                     dtype=torch.float32, device=self.device)
         unpermute = dense_to_expert_map is not None
+        # Inside one domain the kernel reads this rank's rows of its own tokens from `hidden`
+        # itself (TMA: 16-byte aligned), so only the peers' rows are staged.
+        own = (layout.own_rows if (layout.own_rows is not None and not unpermute
+                                   and self.topo.num_of_nodes == 1
+                                   and hidden.data_ptr() % 16 == 0) else (0, 0))
         self.runtime.combine(hidden.data_ptr(), _ptr(probs), probs is not None, hidden.shape[0],
                              hidden.shape[1],
                              layout.sparse_to_dense_map.data_ptr(),
@@ -371,7 +391,7 @@ class CudaEngine:
                              self._fused_blocks(self.config.num_blocks_unpermute,
                                                 self.config.num_sms_combine_api,
                                                 "num_sms_combine_api") if fused else 0,
-                             self._stream())
+                             *own, self._stream())
         return out, out_probs
 
     # -- permute / unpermute ---------------------------------------------------------------------

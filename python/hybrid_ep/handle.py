@@ -88,4 +88,5 @@ def layout_from_handle(handle) -> DispatchLayout:
         num_dispatched_tokens=config.num_dispatched_tokens,
         # A permute handle's entry 5; a dispatch handle's is its token count.
         dense_chunk_layout=handle[5] if config.with_permute else None,
+        own_rows=config.own_rows,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from gpu_env import DRY_RUN
 
 from cases.check import assert_same, plus_zero
 
@@ -58,6 +59,27 @@ def check_handle(ctx: Ctx, handle, ref, what: str) -> None:
                   "max_num_of_tokens_per_rank"):
         got, exp = getattr(handle[6], field), getattr(ref[6], field)
         assert got == exp, f"{ctx.where()} {what} handle[6].{field}: {got} vs reference {exp}"
+    check_own_rows(ctx, handle[6].own_rows, ref, what)
+
+
+def check_own_rows(ctx: Ctx, own, ref, what: str) -> None:
+    """The CUDA engine's range of a rank's rows from itself (which skip its buffer inside one
+    domain) holds exactly the rows where the reference put this rank's tokens for itself."""
+    if DRY_RUN:
+        return  # the reference engine on both sides: it has no such range
+    assert own is not None, f"{ctx.where()} {what}: the CUDA handle has no own_rows"
+    s2d, config = ref[0], ref[6]
+    if config.num_of_nodes > 1:
+        return  # forwarded tokens share the map; the range is used inside one domain only
+    rows = s2d[:, ctx.rank % s2d.shape[1]]
+    rows = rows[rows >= 0]
+    begin, end = own
+    if rows.numel() == 0:
+        assert begin == end, f"{ctx.where()} {what}: own_rows {own} for no own rows"
+        return
+    assert (begin, end) == (int(rows.min()), int(rows.max()) + 1) and end - begin == rows.numel(), \
+        f"{ctx.where()} {what}: own_rows {own}, the reference's own rows are " \
+        f"{int(rows.min())}..{int(rows.max())} ({rows.numel()})"
 
 
 def check_dispatch(ctx: Ctx, out, ref, what: str, dtype, stats: Stats) -> None:

@@ -124,9 +124,11 @@ void register_runtime(py::module_& m) {
            })
       .def("registered_bytes", [](const Runtime& r) { return r.layout().total; })
       .def("status", [](const Runtime& r) { return status_dict(r.status()); })
-      .def(
-          "summary",
-          [](const Runtime& r) { return py::make_tuple(r.host_summary()[0], r.host_summary()[1]); })
+      .def("summary",
+           [](const Runtime& r) {
+             const PreprocessSummary& s = r.host_summary();
+             return py::make_tuple(s.dispatched, s.largest, s.own_begin, s.own_end);
+           })
       .def("preprocess",
            [](Runtime& r, uintptr_t routing_map, int num_tokens, uintptr_t s2d, uintptr_t r2a,
               uintptr_t a2r, uintptr_t num_dispatched, uintptr_t lerm, uintptr_t chunk_layout,
@@ -140,11 +142,14 @@ void register_runtime(py::module_& m) {
       .def("dispatch",
            [](Runtime& r, uintptr_t hidden, uintptr_t probs, uintptr_t scales, uintptr_t s2d,
               uintptr_t a2r, int handle_tokens, int num_tokens, int row_bytes, int scale_cols,
-              bool barrier_first, uintptr_t stream) {
+              bool barrier_first, uintptr_t own_rows, uintptr_t own_probs, uintptr_t own_scales,
+              uintptr_t stream) {
              run_dispatch(r,
                           {ptr<const uint8_t>(hidden), ptr<const float>(probs),
                            ptr<const float>(scales), ptr<const int32_t>(s2d), ptr<const bool>(a2r),
-                           handle_tokens, num_tokens, row_bytes, scale_cols, barrier_first},
+                           handle_tokens, num_tokens, row_bytes, scale_cols, barrier_first,
+                           OwnDispatchRows{ptr<uint8_t>(own_rows), ptr<float>(own_probs),
+                                           ptr<float>(own_scales)}},
                           stream_of(stream));
            })
       .def("dispatch_permute",
@@ -165,15 +170,15 @@ void register_runtime(py::module_& m) {
                  r,
                  {ptr<const uint8_t>(hidden), ptr<const float>(probs), ptr<const float>(scales),
                   ptr<const int32_t>(s2d), ptr<const bool>(a2r), handle_tokens, num_tokens,
-                  row_bytes, scale_cols, barrier_first, &permute},
+                  row_bytes, scale_cols, barrier_first, OwnDispatchRows{}, &permute},
                  stream_of(stream));
            })
       .def("copy_dispatched",
            [](Runtime& r, uintptr_t rows, uintptr_t probs, uintptr_t scales, int count,
-              int row_bytes, int scale_cols, uintptr_t stream) {
+              int row_bytes, int scale_cols, int written_begin, int written_end, uintptr_t stream) {
              copy_dispatched(r,
                              {ptr<uint8_t>(rows), ptr<float>(probs), ptr<float>(scales), count,
-                              row_bytes, scale_cols},
+                              row_bytes, scale_cols, RowRange{written_begin, written_end}},
                              stream_of(stream));
            })
       .def("permute_layout",
@@ -201,14 +206,15 @@ void register_runtime(py::module_& m) {
               int hidden_size, uintptr_t s2d, uintptr_t r2a, uintptr_t a2r, int handle_tokens,
               int num_tokens, uintptr_t out, uintptr_t out_probs, uintptr_t dense_to_expert_map,
               uintptr_t num_dispatched, int unpermute_blocks, uintptr_t chunk_layout,
-              int fused_unpermute_blocks, uintptr_t stream) {
+              int fused_unpermute_blocks, int own_begin, int own_end, uintptr_t stream) {
              run_combine(
                  r,
                  {ptr<const uint8_t>(hidden), ptr<const float>(probs), with_probs, num_rows,
                   hidden_size, ptr<const int32_t>(s2d), ptr<const bool>(r2a), ptr<const bool>(a2r),
                   handle_tokens, num_tokens, ptr<uint16_t>(out), ptr<float>(out_probs),
                   ptr<const int32_t>(dense_to_expert_map), ptr<const int32_t>(num_dispatched),
-                  unpermute_blocks, ptr<const int32_t>(chunk_layout), fused_unpermute_blocks},
+                  unpermute_blocks, ptr<const int32_t>(chunk_layout), fused_unpermute_blocks,
+                  RowRange{own_begin, own_end}},
                  stream_of(stream));
            });
 }

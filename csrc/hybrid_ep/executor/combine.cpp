@@ -1,3 +1,5 @@
+#include <stdexcept>
+
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 
@@ -23,8 +25,9 @@ UnpermuteParams unpermute_params(Runtime& runtime, const CombineCall& call) {
   return u;
 }
 
-// Copies this rank's combine input into its registered buffer: the rows as they are, or (the
-// unpermute path) every dispatch row's fp32 sum of its expert outputs.
+// Copies this rank's combine input into its registered buffer: the rows as they are (but the
+// rows of its own tokens that the kernel reads in place, call.own), or (the unpermute path)
+// every dispatch row's fp32 sum of its expert outputs.
 void stage_rows(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
@@ -34,14 +37,11 @@ void stage_rows(Runtime& runtime, const CombineCall& call, cudaStream_t stream) 
     return;
   }
   if (call.num_rows == 0) return;
-  const int row_bytes = call.hidden_size * 2;
-  HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.combine_rows, call.hidden,
-                                       size_t(call.num_rows) * row_bytes, cudaMemcpyDeviceToDevice,
-                                       stream));
+  copy_rows_outside(base + l.combine_rows, call.hidden, size_t(call.hidden_size) * 2, call.num_rows,
+                    call.own, stream);
   if (call.probs != nullptr) {
-    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(base + l.combine_probs, call.probs,
-                                         size_t(call.num_rows) * s.prob_cols() * sizeof(float),
-                                         cudaMemcpyDeviceToDevice, stream));
+    copy_rows_outside(base + l.combine_probs, call.probs, s.prob_cols() * sizeof(float),
+                      call.num_rows, call.own, stream);
   }
 }
 
@@ -53,6 +53,14 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
   const BarrierParams barrier = runtime.barrier();
+  const bool own_in_place = call.own.size() > 0;
+  if (own_in_place && (c.nodes > 1 || call.dense_to_expert_map != nullptr)) {
+    throw std::invalid_argument(
+        "combine: own rows read in place only inside one domain, without unpermute");
+  }
+  if (own_in_place && reinterpret_cast<uintptr_t>(call.hidden) % 16 != 0) {
+    throw std::invalid_argument("combine: hidden must be 16-byte aligned to be read in place");
+  }
   // Peers may still be pulling from this rank's combine buffer (an earlier combine).
   launch_domain_barrier(barrier, stream);
   const bool fused = call.dense_to_expert_map != nullptr && call.fused_unpermute_blocks > 0;
@@ -94,6 +102,10 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   p.combine_rows = l.combine_rows;
   p.combine_probs = l.combine_probs;
   p.out = call.out;
+  if (own_in_place) {
+    p.own_rows = call.hidden;
+    p.own_probs = call.probs;
+  }
   // Not keyed on call.probs: an empty probs tensor has a null data pointer, and its combined
   // probs (all zero) must still be written.
   p.out_probs = call.out_probs;

@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -66,6 +68,13 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
           runtime, call.scales, tokens * call.scale_cols * sizeof(float), l.staged_scales, stream));
     }
   }
+  if (call.own.rows != nullptr) {
+    if (c.nodes > 1 || call.permute != nullptr) {
+      throw std::invalid_argument(
+          "dispatch: own rows straight into the output only inside one domain, unpermuted");
+    }
+    p.own = call.own;
+  }
   p.dispatch_blocks = c.sms_dispatch;
   p.first_permute_block = c.sms_dispatch;
   if (call.permute != nullptr && call.permute->blocks > 0) {
@@ -98,22 +107,37 @@ const void* network_source(Runtime& runtime, const void* source, size_t bytes,
   return staged;
 }
 
+void copy_rows_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip,
+                       cudaStream_t stream) {
+  if (skip.size() > 0 && (skip.begin < 0 || skip.end > rows)) {
+    throw std::invalid_argument("rows [" + std::to_string(skip.begin) + ", " +
+                                std::to_string(skip.end) + ") to skip lie outside the " +
+                                std::to_string(rows) + " rows");
+  }
+  const RowRange parts[2] = {{0, skip.size() > 0 ? skip.begin : rows},
+                             {skip.size() > 0 ? skip.end : rows, rows}};
+  for (const RowRange& part : parts) {
+    if (part.size() == 0) continue;
+    const size_t offset = size_t(part.begin) * row_bytes;
+    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(
+        static_cast<uint8_t*>(dst) + offset, static_cast<const uint8_t*>(src) + offset,
+        size_t(part.size()) * row_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream) {
   const BufferLayout& l = runtime.layout();
   const uint8_t* base = runtime.registered();
-  const size_t rows = size_t(out.rows_count);
+  const int rows = out.rows_count;
   if (rows == 0) return;
-  HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(out.rows, base + l.dispatch_rows, rows * out.row_bytes,
-                                       cudaMemcpyDeviceToDevice, stream));
+  copy_rows_outside(out.rows, base + l.dispatch_rows, out.row_bytes, rows, out.written, stream);
   if (out.probs != nullptr) {
-    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(out.probs, base + l.dispatch_probs,
-                                         rows * runtime.shape().prob_cols() * sizeof(float),
-                                         cudaMemcpyDeviceToDevice, stream));
+    copy_rows_outside(out.probs, base + l.dispatch_probs,
+                      runtime.shape().prob_cols() * sizeof(float), rows, out.written, stream);
   }
   if (out.scales != nullptr) {
-    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(out.scales, base + l.dispatch_scales,
-                                         rows * out.scale_cols * sizeof(float),
-                                         cudaMemcpyDeviceToDevice, stream));
+    copy_rows_outside(out.scales, base + l.dispatch_scales, out.scale_cols * sizeof(float), rows,
+                      out.written, stream);
   }
 }
 

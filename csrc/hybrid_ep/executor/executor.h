@@ -10,6 +10,13 @@
 
 namespace hybrid_ep {
 
+// Rows [begin, end) of a rank's dispatch order.
+struct RowRange {
+  int begin = 0;
+  int end = 0;
+  int size() const { return end > begin ? end - begin : 0; }
+};
+
 struct PreprocessCall {
   const uint8_t* routing_map;  // bool [num_tokens, E_total]
   int num_tokens;
@@ -23,8 +30,8 @@ struct PreprocessCall {
 };
 
 // All-gather the routing over the domain, then the metadata kernels. Afterwards
-// runtime.host_summary() holds {dispatched rows, largest token count of any rank} once the
-// stream reaches this point.
+// runtime.host_summary() holds the dispatched rows, the largest token count of any rank and
+// the range of this rank's own rows, once the stream reaches this point.
 void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t stream);
 
 struct DispatchCall {
@@ -40,6 +47,9 @@ struct DispatchCall {
   int row_bytes;
   int scale_cols;
   bool barrier_first;  // needed when no preprocessing ran in this operation
+  // Inside one domain, the caller's output for this rank's rows from itself, at their row
+  // index (rows, probs, scales; null: through the registered buffer like the peers' rows).
+  OwnDispatchRows own{};
   // dispatch_with_permute fused (fuse_permute_dispatch): the expert-major outputs, written by
   // extra blocks of the dispatch grid; null for a plain dispatch.
   const struct FusedPermuteCall* permute = nullptr;
@@ -68,6 +78,7 @@ struct DispatchOutput {
   int rows_count;
   int row_bytes;
   int scale_cols;
+  RowRange written;  // rows the dispatch wrote into these tensors already (DispatchCall::own)
 };
 
 // Copies this rank's received rows out of the registered buffer into the caller's tensors.
@@ -129,6 +140,9 @@ struct CombineCall {
   // working through handle entry 5 (dense_chunk_layout); 0 runs the standalone kernel.
   const int32_t* chunk_layout = nullptr;
   int fused_unpermute_blocks = 0;
+  // Inside one domain, the rows of this rank's own tokens (plain combine): read by the kernel
+  // from `hidden` and `probs` as they are, so they are not staged.
+  RowRange own{};
 };
 
 // Barrier, stage this rank's rows into its registered buffer (a copy, or the fp32 unpermute
@@ -141,6 +155,11 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
 // at `registered_offset` of this rank's registered buffer.
 const void* network_source(Runtime& runtime, const void* source, size_t bytes,
                            size_t registered_offset, cudaStream_t stream);
+
+// Copies `rows` rows of `row_bytes` from `src` to `dst` (same row index), all but those of
+// `skip`: one or two copies. Throws std::invalid_argument when `skip` is not inside the rows.
+void copy_rows_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip,
+                       cudaStream_t stream);
 
 // Transport self-test (kernels/transport_check.cu): returns the bytes that arrived wrong or
 // not at all from the peers of the other domains. Synchronises the stream.

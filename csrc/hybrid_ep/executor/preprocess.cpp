@@ -43,7 +43,7 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   meta.local_expert_routing_map = call.local_expert_routing_map;
   meta.dense_chunk_layout = call.dense_chunk_layout;
   meta.chunk = c.dispatch_chunk;
-  meta.host_summary = runtime.device_summary();
+  meta.summary = runtime.device_summary();
   launch_metadata(meta, c.sms_preprocessing, stream);
 }
 

@@ -2,7 +2,8 @@
 // is one piece of a token's row (a row is split into `pieces` equal column ranges when whole
 // rows would leave too few ring stages, e.g. for the fp32 rows of the unpermute path).
 //   loader warp  : TMA-pulls every copy of a piece from the registered combine buffers of the
-//                  ranks that received the token into consecutive stages of a shared-memory ring;
+//                  ranks that received the token (this rank's own copies, inside one domain,
+//                  from the caller's input) into consecutive stages of a shared-memory ring;
 //   reduce warps : each owns every kReduceWarps-th piece of a chunk; once all copies of its
 //                  piece are in, it adds them in fp32 (ascending local rank, as the reference
 //                  does) into the last copy's stage as BF16, hands the other stages back,
@@ -44,7 +45,8 @@ __host__ __device__ inline int stage_stride(int piece_bytes) { return align_up(p
 
 struct Ring {
   uint8_t* rows;
-  // [ranks]: where each local rank's staged combine rows start. Read from the peer table in
+  // [ranks]: where each local rank's staged combine rows start (staged_rows). Read from the
+  // peer table in
   // global memory instead, the loader lane's chain waited on that load for every copy it
   // issued, and the reduce warps waited for the loader (ncu, 2 ranks).
   const uint8_t** sources;
@@ -62,6 +64,18 @@ struct Ring {
   int32_t* starts;
   __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
 };
+
+// Where local rank j's staged rows and probs are: its registered combine region, or inside one
+// domain for this rank itself the caller's input (CombineParams::own_rows).
+__device__ __forceinline__ const uint8_t* staged_rows(const CombineParams& p, int j) {
+  if (j == p.domain.local_rank && p.own_rows != nullptr) return p.own_rows;
+  return p.domain.peer(j) + p.combine_rows;
+}
+
+__device__ __forceinline__ const float* staged_probs(const CombineParams& p, int j) {
+  if (j == p.domain.local_rank && p.own_rows != nullptr) return p.own_probs;
+  return reinterpret_cast<const float*>(p.domain.peer(j) + p.combine_probs);
+}
 
 // Bytes of one copy's piece in the registered buffer (BF16 or fp32 input columns).
 __host__ __device__ inline int piece_bytes(const CombineParams& p) {
@@ -142,7 +156,7 @@ __device__ __forceinline__ float copy_prob(const CombineParams& p, const int32_t
   const int E = p.experts_per_rank;
   const int j = local / E;
   if (rows[j] < 0) return 0.f;
-  const float* src = reinterpret_cast<const float*>(p.domain.peer(j) + p.combine_probs);
+  const float* src = staged_probs(p, j);
   // From L2: written by another process (fused: during this kernel), never cached here.
   return __ldcg(src + int64_t(rows[j]) * p.prob_cols + local);
 }
@@ -276,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   const Ring ring = carve_ring(smem, p);
   const int warp = threadIdx.x / 32;
   for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) {
-    ring.sources[j] = p.domain.peer(j) + p.combine_rows;
+    ring.sources[j] = staged_rows(p, j);
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < ring.stages; ++s) {

@@ -7,7 +7,8 @@
 //                  own chunks first, then the chunks the peers of the other domains sent here,
 //                  each once its network flag says it arrived;
 //   store warps  : one TMA bulk store per destination rank (row, probs, scales) straight into
-//                  that rank's registered buffer;
+//                  that rank's registered buffer (inside one domain, a rank's rows for itself
+//                  can go straight into the caller's output instead: DispatchParams::own);
 //   at the end   : one monotonic flag per (forwarder, domain, chunk) in every destination, also
 //                  for chunks with nothing for it; then each block waits for the chunks it
 //                  receives.
@@ -68,13 +69,30 @@ struct StageLayout {
   __host__ __device__ int bytes() const { return row_bytes + prob_bytes + scale_bytes; }
 };
 
+// Where rows for one local rank land: the regions of its registered buffer, or (this rank's
+// own rows, DispatchParams::own) the caller's outputs.
+struct RowTargets {
+  uint8_t* rows;
+  uint8_t* probs;
+  uint8_t* scales;
+};
+
+__device__ __forceinline__ RowTargets row_targets(const DispatchParams& p, int j) {
+  if (j == p.domain.local_rank && p.own.rows != nullptr) {
+    return {p.own.rows, reinterpret_cast<uint8_t*>(p.own.probs),
+            reinterpret_cast<uint8_t*>(p.own.scales)};
+  }
+  uint8_t* peer = p.domain.peer(j);
+  return {peer + p.dispatch_rows, peer + p.dispatch_probs, peer + p.dispatch_scales};
+}
+
 struct Smem {
   uint8_t* stages;
   uint64_t* full;
   uint64_t* empty;
-  // [ranks]: each local rank's registered buffer, copied from the peer table in global memory,
-  // whose load sat in a store lane's chain for every destination of every row.
-  uint8_t** peers;
+  // [ranks]: where each local rank's rows land, from the peer table in global memory, whose
+  // load sat in a store lane's chain for every destination of every row.
+  RowTargets* targets;
   ChunkRoutes loader_routes, store_routes;
   TokenRun* runs;       // the network warps' scratch, run_count(chunk) each
   int* chunk_arrivals;  // [2] fused with permute: store warps done with a chunk, by parity
@@ -87,9 +105,9 @@ struct Smem {
     return size_t(l.stride) * p.stages + 2 * sizeof(uint64_t) * p.stages +
            reserved_bytes(p.chunk, p.domain.ranks);
   }
-  // Everything but the ring: the peers, routes of two chunks, the runs, the chunk arrivals.
+  // Everything but the ring: the targets, routes of two chunks, the runs, the chunk arrivals.
   __host__ __device__ static size_t reserved_bytes(int chunk, int ranks) {
-    return sizeof(uint8_t*) * size_t(ranks) + 2 * sizeof(int32_t) * size_t(chunk) * ranks +
+    return sizeof(RowTargets) * size_t(ranks) + 2 * sizeof(int32_t) * size_t(chunk) * ranks +
            run_bytes(chunk) + 2 * sizeof(int);
   }
   __host__ __device__ static int run_count(int chunk) { return (chunk + 1) / 2; }
@@ -105,8 +123,8 @@ __device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
   s.stages = base;
   s.full = reinterpret_cast<uint64_t*>(base + size_t(s.layout.stride) * p.stages);
   s.empty = s.full + p.stages;
-  s.peers = reinterpret_cast<uint8_t**>(s.empty + p.stages);
-  int32_t* routes = reinterpret_cast<int32_t*>(s.peers + p.domain.ranks);
+  s.targets = reinterpret_cast<RowTargets*>(s.empty + p.stages);
+  int32_t* routes = reinterpret_cast<int32_t*>(s.targets + p.domain.ranks);
   s.loader_routes = ChunkRoutes{routes, p.domain.ranks};
   s.store_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
   s.runs = reinterpret_cast<TokenRun*>(routes + 2 * p.chunk * p.domain.ranks);
@@ -246,30 +264,30 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
 // Probs and scales that are not 16-byte aligned: the warp's lanes copy them with plain stores.
 __device__ __forceinline__ void store_side_data_by_lanes(const DispatchParams& p,
                                                          const RowSource& from, int t,
-                                                         uint8_t* peer, int row, int lane) {
+                                                         const RowTargets& to, int row, int lane) {
   if (p.probs != nullptr) {
     const float* src = from.probs + int64_t(t) * from.prob_stride;
-    float* dst = reinterpret_cast<float*>(peer + p.dispatch_probs) + int64_t(row) * p.prob_cols;
+    float* dst = reinterpret_cast<float*>(to.probs) + int64_t(row) * p.prob_cols;
     for (int k = lane; k < p.prob_cols; k += 32) dst[k] = src[k];
   }
   if (p.scales != nullptr) {
     const float* src = from.scales + int64_t(t) * p.scale_cols;
-    float* dst = reinterpret_cast<float*>(peer + p.dispatch_scales) + int64_t(row) * p.scale_cols;
+    float* dst = reinterpret_cast<float*>(to.scales) + int64_t(row) * p.scale_cols;
     for (int k = lane; k < p.scale_cols; k += 32) dst[k] = src[k];
   }
 }
 
-// Lane 0 of a store warp: the bulk stores of one ring item to destination `peer`.
+// Lane 0 of a store warp: the bulk stores of one ring item to one destination.
 __device__ __forceinline__ void store_item(const DispatchParams& p, const Smem& s,
-                                           const uint8_t* stage, uint8_t* peer, int row) {
-  ptx::bulk_store(peer + p.dispatch_rows + int64_t(row) * p.row_bytes, stage, p.row_bytes);
+                                           const uint8_t* stage, const RowTargets& to, int row) {
+  ptx::bulk_store(to.rows + int64_t(row) * p.row_bytes, stage, p.row_bytes);
   if (s.layout.prob_bytes) {
-    ptx::bulk_store(peer + p.dispatch_probs + int64_t(row) * s.layout.prob_bytes,
-                    stage + s.layout.prob_at, s.layout.prob_bytes);
+    ptx::bulk_store(to.probs + int64_t(row) * s.layout.prob_bytes, stage + s.layout.prob_at,
+                    s.layout.prob_bytes);
   }
   if (s.layout.scale_bytes) {
-    ptx::bulk_store(peer + p.dispatch_scales + int64_t(row) * s.layout.scale_bytes,
-                    stage + s.layout.scale_at, s.layout.scale_bytes);
+    ptx::bulk_store(to.scales + int64_t(row) * s.layout.scale_bytes, stage + s.layout.scale_at,
+                    s.layout.scale_bytes);
   }
 }
 
@@ -351,8 +369,8 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
           at.advance(kStoreWarps, s.count);
           for (int j = 0; j < d.ranks; ++j) {
             if (rows[j] < 0 || j == skip) continue;
-            if (lane == 0) store_item(p, s, s.stage(stage), s.peers[j], rows[j]);
-            if (!p.side_by_tma) store_side_data_by_lanes(p, src, t, s.peers[j], rows[j], lane);
+            if (lane == 0) store_item(p, s, s.stage(stage), s.targets[j], rows[j]);
+            if (!p.side_by_tma) store_side_data_by_lanes(p, src, t, s.targets[j], rows[j], lane);
           }
           const bool count_previous = !stored && uncounted.some();
           if (lane == 0) {
@@ -482,7 +500,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   const Smem s = carve(smem, p);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) s.peers[j] = p.domain.peer(j);
+  for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) s.targets[j] = row_targets(p, j);
   if (threadIdx.x == 0) {
     for (int i = 0; i < s.count; ++i) {
       ptx::mbar_init(&s.full[i], 1);

@@ -73,7 +73,7 @@ __device__ void write_domain_maps(const MetadataParams& p, int64_t tokens, int m
   if (threadIdx.x == 0) {
     uint64_t largest = 0;
     for (int r = 0; r < d.world; ++r) largest = max(largest, p.token_counts[r]);
-    p.host_summary[1] = int64_t(largest);
+    p.summary->largest = int64_t(largest);
   }
 }
 
@@ -127,6 +127,9 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
         const int chunks = (T + p.chunk - 1) / p.chunk;
         p.dense_chunk_layout[int64_t(source) * chunks + t / p.chunk] = row;
       }
+      if (dest == me && t == 0 && (source == me || source == me + 1)) {
+        (source == me ? p.summary->own_begin : p.summary->own_end) = row;
+      }
       if (hit && dest == me) {
         const uint8_t* experts = p.routing + i * routing_cols + int64_t(me) * E;
         bool* out = p.local_expert_routing_map + int64_t(row) * E;
@@ -143,7 +146,8 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
       p.dense_chunk_layout[int64_t(d.world) * ((T + p.chunk - 1) / p.chunk)] = running;
     }
     p.num_dispatched_tokens[0] = running;
-    p.host_summary[0] = running;
+    p.summary->dispatched = running;
+    if (me == d.world - 1) p.summary->own_end = running;
   }
 }
 

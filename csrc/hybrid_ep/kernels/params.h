@@ -79,6 +79,16 @@ struct RestripeParams {
   int prob_cols;  // E*R
 };
 
+// What the metadata kernel leaves for the host (host-mapped), read at a blocking call's one
+// synchronisation.
+struct PreprocessSummary {
+  int64_t dispatched;  // rows this rank receives (D)
+  int64_t largest;     // the largest token count of any rank (more than T: grow)
+  // Rows [own_begin, own_end) of this rank's dispatch order are its own tokens (rows are in
+  // source order).
+  int64_t own_begin, own_end;
+};
+
 struct MetadataParams {
   DomainView domain;
   const uint8_t* routing;        // this rank's gathered routing region, bool [W*T, E_total]
@@ -94,7 +104,7 @@ struct MetadataParams {
   bool* local_expert_routing_map;  // [W*T, E], zero-filled beforehand
   int32_t* dense_chunk_layout;     // [W*C + 1]: first row of each (source, chunk), then D
   int chunk;                       // dispatch tokens per chunk (C = ceil(T / chunk))
-  int64_t* host_summary;           // host-mapped [2]: dispatched rows, largest token count
+  PreprocessSummary* summary;      // host-mapped
 };
 
 // dispatch_with_permute with fuse_permute_dispatch: blocks of the dispatch grid past its
@@ -112,6 +122,14 @@ struct FusedPermuteParams {
   uint8_t* out;                        // [P, row_bytes]
   float* out_probs;                    // [P] or null
   float* out_scales;                   // [P, scale_cols] or null
+};
+
+// Inside one domain, the caller's outputs that take a rank's rows from itself, in place of its
+// own registered buffer (same row index): those rows skip the copy out of the buffer.
+struct OwnDispatchRows {
+  uint8_t* rows;  // null: every row goes through the registered buffers
+  float* probs;
+  float* scales;
 };
 
 // Forwarded tokens: with N domains the kernel forwards token i = n * T + t, token t of the peer
@@ -143,6 +161,7 @@ struct DispatchParams {
   int permute_blocks;       // blocks that permute (fused); 0 for a plain dispatch
   int first_permute_block;  // the permute blocks are blocks first_permute_block, ...
   FusedPermuteParams permute;
+  OwnDispatchRows own;
   size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
   size_t net_rows, net_probs, net_scales, network_flags;
 };
@@ -199,6 +218,10 @@ struct CombineParams {
   int unpermute_blocks;       // blocks that unpermute (fused); 0 otherwise
   int first_unpermute_block;  // the unpermute blocks are blocks first_unpermute_block, ...
   FusedUnpermuteParams unpermute;
+  // Inside one domain, this rank's rows from its own tokens read from the caller's input (the
+  // same row index) instead of its registered buffer, which then need not be staged.
+  const uint8_t* own_rows;  // bf16 [D, H] or null
+  const float* own_probs;   // [D, E*R] or null
 };
 
 // Combine's network step (several domains): this rank sends the partial sums of its peers'

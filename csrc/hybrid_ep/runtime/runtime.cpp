@@ -65,9 +65,9 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   HYBRID_EP_CUDA_CHECK(
       cudaHostAlloc(reinterpret_cast<void**>(&status_), sizeof(DeviceStatus), cudaHostAllocMapped));
   *status_ = DeviceStatus{};
-  HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_summary_), 2 * sizeof(int64_t),
-                                     cudaHostAllocMapped));
-  host_summary_[0] = host_summary_[1] = 0;
+  HYBRID_EP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_summary_),
+                                     sizeof(PreprocessSummary), cudaHostAllocMapped));
+  *host_summary_ = PreprocessSummary{};
   // Device addresses of the host-mapped words, looked up once instead of per operation.
   HYBRID_EP_CUDA_CHECK(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_status_), status_, 0));

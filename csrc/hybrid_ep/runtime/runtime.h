@@ -86,8 +86,8 @@ class Runtime {
   void reset_transport_counters() { transport_->reset_counters(); }
   uint8_t* registered() const { return buffer_->local(); }
   uint64_t* dest_masks() const { return dest_masks_; }
-  int64_t* host_summary() const { return host_summary_; }
-  int64_t* device_summary() const { return device_summary_; }  // same words, device address
+  const PreprocessSummary& host_summary() const { return *host_summary_; }
+  PreprocessSummary* device_summary() const { return device_summary_; }  // device address
   DeviceStatus status() const { return *status_; }
   // A handle's T (the buffer's tokens per rank when it was made), checked against this buffer,
   // which only grows; throws std::invalid_argument.
@@ -108,12 +108,12 @@ class Runtime {
   TransportContext control_context_{};
   ChannelCounters* control_counters_ = nullptr;
   bool transport_connected_ = false;
-  uint64_t* expected_ = nullptr;     // consumer counters of the flag region
-  uint64_t* dest_masks_ = nullptr;   // metadata scratch
-  DeviceStatus* status_ = nullptr;   // host-mapped
-  uint32_t* abort_ = nullptr;        // device word set by a failed wait
-  int64_t* host_summary_ = nullptr;  // host-mapped [2]
-  int64_t* device_summary_ = nullptr;
+  uint64_t* expected_ = nullptr;               // consumer counters of the flag region
+  uint64_t* dest_masks_ = nullptr;             // metadata scratch
+  DeviceStatus* status_ = nullptr;             // host-mapped
+  uint32_t* abort_ = nullptr;                  // device word set by a failed wait
+  PreprocessSummary* host_summary_ = nullptr;  // host-mapped
+  PreprocessSummary* device_summary_ = nullptr;
   DeviceStatus* device_status_ = nullptr;
   DomainView domain_{};
   int smem_limit_ = 0;

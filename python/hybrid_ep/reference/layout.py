@@ -30,6 +30,9 @@ class DispatchLayout:
     dense_chunk_layout: torch.Tensor | None = None
     # CUDA engine, blocking permute calls: rows per local expert (host), read at the one sync.
     expert_counts: torch.Tensor | None = None
+    # CUDA engine, blocking calls: rows [begin, end) of the dispatch order that are this rank's
+    # own tokens (read at the one sync); inside one domain they skip the registered buffer.
+    own_rows: tuple[int, int] | None = None
 
 
 def dispatch_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: int) -> DispatchLayout:
