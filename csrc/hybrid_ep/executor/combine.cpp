@@ -37,12 +37,10 @@ void stage_rows(Runtime& runtime, const CombineCall& call, cudaStream_t stream) 
     return;
   }
   if (call.num_rows == 0) return;
-  const size_t row_bytes = size_t(call.hidden_size) * 2;
-  copy_rows_outside(base + l.combine_rows, row_bytes, call.hidden, row_bytes, row_bytes,
-                    call.num_rows, call.own, stream);
+  copy_rows_outside(base + l.combine_rows, call.hidden, size_t(call.hidden_size) * 2, call.num_rows,
+                    call.own, stream);
   if (call.probs != nullptr) {
-    const size_t prob_bytes = s.prob_cols() * sizeof(float);
-    copy_rows_outside(base + l.combine_probs, prob_bytes, call.probs, prob_bytes, prob_bytes,
+    copy_rows_outside(base + l.combine_probs, call.probs, s.prob_cols() * sizeof(float),
                       call.num_rows, call.own, stream);
   }
 }

@@ -38,15 +38,13 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.scale_cols = call.scale_cols;
   p.chunk = c.dispatch_chunk;
   p.max_chunks = (T + c.dispatch_chunk - 1) / c.dispatch_chunk;
-  p.record = DispatchRecord::of(call.row_bytes, p.prob_cols);
-  if (int64_t(call.scale_cols) * 4 > p.record.scale_room()) {
-    throw std::invalid_argument("dispatch: " + std::to_string(call.scale_cols) +
-                                " scales per row of " + std::to_string(call.row_bytes) +
-                                " bytes; a row holds one per 128 bytes at most");
-  }
   p.side_by_tma = dispatch_side_data_by_tma(p);
-  p.stages = runtime.dispatch_stages(dispatch_stage_bytes(p));
-  p.dispatch_records = l.dispatch_records;
+  p.stages = runtime.dispatch_stages(
+      dispatch_stage_bytes(call.row_bytes, p.side_by_tma && p.probs ? p.prob_cols * 4 : 0,
+                           p.side_by_tma && p.scales ? p.scale_cols * 4 : 0));
+  p.dispatch_rows = l.dispatch_rows;
+  p.dispatch_probs = l.dispatch_probs;
+  p.dispatch_scales = l.dispatch_scales;
   p.dispatch_flags = l.dispatch_flags;
   p.net_rows = l.net_rows;
   p.net_probs = l.net_probs;
@@ -109,8 +107,8 @@ const void* network_source(Runtime& runtime, const void* source, size_t bytes,
   return staged;
 }
 
-void copy_rows_outside(void* dst, size_t dst_stride, const void* src, size_t src_stride,
-                       size_t row_bytes, int rows, RowRange skip, cudaStream_t stream) {
+void copy_rows_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip,
+                       cudaStream_t stream) {
   if (skip.size() > 0 && (skip.begin < 0 || skip.end > rows)) {
     throw std::invalid_argument("rows [" + std::to_string(skip.begin) + ", " +
                                 std::to_string(skip.end) + ") to skip lie outside the " +
@@ -120,35 +118,25 @@ void copy_rows_outside(void* dst, size_t dst_stride, const void* src, size_t src
                              {skip.size() > 0 ? skip.end : rows, rows}};
   for (const RowRange& part : parts) {
     if (part.size() == 0) continue;
-    uint8_t* to = static_cast<uint8_t*>(dst) + size_t(part.begin) * dst_stride;
-    const uint8_t* from = static_cast<const uint8_t*>(src) + size_t(part.begin) * src_stride;
-    if (dst_stride == row_bytes && src_stride == row_bytes) {
-      HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(to, from, size_t(part.size()) * row_bytes,
-                                           cudaMemcpyDeviceToDevice, stream));
-    } else {
-      HYBRID_EP_CUDA_CHECK(cudaMemcpy2DAsync(to, dst_stride, from, src_stride, row_bytes,
-                                             size_t(part.size()), cudaMemcpyDeviceToDevice,
-                                             stream));
-    }
+    const size_t offset = size_t(part.begin) * row_bytes;
+    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(
+        static_cast<uint8_t*>(dst) + offset, static_cast<const uint8_t*>(src) + offset,
+        size_t(part.size()) * row_bytes, cudaMemcpyDeviceToDevice, stream));
   }
 }
 
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream) {
+  const BufferLayout& l = runtime.layout();
+  const uint8_t* base = runtime.registered();
   const int rows = out.rows_count;
   if (rows == 0) return;
-  const size_t prob_bytes = runtime.shape().prob_cols() * sizeof(float);
-  const DispatchRecord r = DispatchRecord::of(out.row_bytes, runtime.shape().prob_cols());
-  const uint8_t* records = runtime.registered() + runtime.layout().dispatch_records;
-  const size_t stride = size_t(r.stride);
-  copy_rows_outside(out.rows, out.row_bytes, records, stride, out.row_bytes, rows, out.written,
-                    stream);
+  copy_rows_outside(out.rows, base + l.dispatch_rows, out.row_bytes, rows, out.written, stream);
   if (out.probs != nullptr) {
-    copy_rows_outside(out.probs, prob_bytes, records + r.prob_at, stride, prob_bytes, rows,
-                      out.written, stream);
+    copy_rows_outside(out.probs, base + l.dispatch_probs,
+                      runtime.shape().prob_cols() * sizeof(float), rows, out.written, stream);
   }
   if (out.scales != nullptr) {
-    const size_t scale_bytes = out.scale_cols * sizeof(float);
-    copy_rows_outside(out.scales, scale_bytes, records + r.scale_at, stride, scale_bytes, rows,
+    copy_rows_outside(out.scales, base + l.dispatch_scales, out.scale_cols * sizeof(float), rows,
                       out.written, stream);
   }
 }

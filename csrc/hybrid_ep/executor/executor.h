@@ -81,8 +81,7 @@ struct DispatchOutput {
   RowRange written;  // rows the dispatch wrote into these tensors already (DispatchCall::own)
 };
 
-// Copies this rank's received rows out of the registered buffer's records into the caller's
-// tensors.
+// Copies this rank's received rows out of the registered buffer into the caller's tensors.
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream);
 
 struct PermuteCall {
@@ -157,11 +156,10 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
 const void* network_source(Runtime& runtime, const void* source, size_t bytes,
                            size_t registered_offset, cudaStream_t stream);
 
-// Copies `row_bytes` of each of `rows` rows from `src` to `dst` (same row index, each side with
-// its own row stride), all but the rows of `skip`: one or two copies. Throws
-// std::invalid_argument when `skip` is not inside the rows.
-void copy_rows_outside(void* dst, size_t dst_stride, const void* src, size_t src_stride,
-                       size_t row_bytes, int rows, RowRange skip, cudaStream_t stream);
+// Copies `rows` rows of `row_bytes` from `src` to `dst` (same row index), all but those of
+// `skip`: one or two copies. Throws std::invalid_argument when `skip` is not inside the rows.
+void copy_rows_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip,
+                       cudaStream_t stream);
 
 // Transport self-test (kernels/transport_check.cu): returns the bytes that arrived wrong or
 // not at all from the peers of the other domains. Synchronises the stream.

@@ -23,8 +23,10 @@ void run_permute(Runtime& runtime, const PermuteCall& call, cudaStream_t stream)
   const BufferShape& s = runtime.shape();
   const uint8_t* base = runtime.registered();
   PermuteParams p{};
-  p.records = base + l.dispatch_records;
-  p.record = DispatchRecord::of(call.row_bytes, s.prob_cols());
+  p.rows = base + l.dispatch_rows;
+  p.probs = call.with_probs ? reinterpret_cast<const float*>(base + l.dispatch_probs) : nullptr;
+  p.scales =
+      call.scale_cols > 0 ? reinterpret_cast<const float*>(base + l.dispatch_scales) : nullptr;
   p.row_source = call.row_source;
   p.num_permuted = call.num_permuted;
   p.row_bytes = call.row_bytes;

@@ -47,42 +47,43 @@ constexpr int kMinStages = 2 * kStoreWarps;
 
 __host__ __device__ constexpr int align_up(int v, int a) { return (v + a - 1) / a * a; }
 
-// What one ring stage holds, and where: the side data carried by TMA sits where the
-// DispatchRecord has it, so that a registered destination gets the stage in one bulk store.
+// What one ring stage holds, and where.
 struct StageLayout {
   int row_bytes, prob_bytes, scale_bytes;  // side bytes are 0 when not carried by TMA
   int prob_at, scale_at, stride;
-  int record_bytes;  // the record's prefix that the stage fills (with a gap for absent probs)
 
-  __host__ __device__ static StageLayout make(const DispatchParams& p) {
+  __host__ __device__ static StageLayout make(int row_bytes, int prob_bytes, int scale_bytes) {
     StageLayout s{};
-    s.row_bytes = p.row_bytes;
-    s.prob_bytes = p.side_by_tma && p.probs != nullptr ? p.prob_cols * 4 : 0;
-    s.scale_bytes = p.side_by_tma && p.scales != nullptr ? p.scale_cols * 4 : 0;
-    s.prob_at = int(p.record.prob_at);
-    s.scale_at = int(p.record.scale_at);
-    s.record_bytes = s.scale_bytes ? s.scale_at + s.scale_bytes
-                                   : (s.prob_bytes ? s.prob_at + s.prob_bytes : s.row_bytes);
-    s.stride = align_up(s.record_bytes, 128);
+    s.row_bytes = row_bytes;
+    s.prob_bytes = prob_bytes;
+    s.scale_bytes = scale_bytes;
+    s.prob_at = align_up(s.row_bytes, 16);
+    s.scale_at = s.prob_at + align_up(s.prob_bytes, 16);
+    s.stride = align_up(s.scale_at + s.scale_bytes, 128);
     return s;
+  }
+  __host__ __device__ static StageLayout make(const DispatchParams& p) {
+    return make(p.row_bytes, p.side_by_tma && p.probs != nullptr ? p.prob_cols * 4 : 0,
+                p.side_by_tma && p.scales != nullptr ? p.scale_cols * 4 : 0);
   }
   __host__ __device__ int bytes() const { return row_bytes + prob_bytes + scale_bytes; }
 };
 
-// Where rows for one local rank land: the records of its registered buffer, or (this rank's
-// own rows, DispatchParams::own) the caller's three outputs.
+// Where rows for one local rank land: the regions of its registered buffer, or (this rank's
+// own rows, DispatchParams::own) the caller's outputs.
 struct RowTargets {
-  uint8_t* rows;  // the records, or the rows output
-  float* probs;   // the outputs (unused for records)
-  float* scales;
-  bool records;
+  uint8_t* rows;
+  uint8_t* probs;
+  uint8_t* scales;
 };
 
 __device__ __forceinline__ RowTargets row_targets(const DispatchParams& p, int j) {
   if (j == p.domain.local_rank && p.own.rows != nullptr) {
-    return {p.own.rows, p.own.probs, p.own.scales, false};
+    return {p.own.rows, reinterpret_cast<uint8_t*>(p.own.probs),
+            reinterpret_cast<uint8_t*>(p.own.scales)};
   }
-  return {p.domain.peer(j) + p.dispatch_records, nullptr, nullptr, true};
+  uint8_t* peer = p.domain.peer(j);
+  return {peer + p.dispatch_rows, peer + p.dispatch_probs, peer + p.dispatch_scales};
 }
 
 struct Smem {
@@ -264,37 +265,28 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
 __device__ __forceinline__ void store_side_data_by_lanes(const DispatchParams& p,
                                                          const RowSource& from, int t,
                                                          const RowTargets& to, int row, int lane) {
-  uint8_t* record = to.rows + int64_t(row) * p.record.stride;  // when to.records
   if (p.probs != nullptr) {
     const float* src = from.probs + int64_t(t) * from.prob_stride;
-    float* dst = to.records ? reinterpret_cast<float*>(record + p.record.prob_at)
-                            : to.probs + int64_t(row) * p.prob_cols;
+    float* dst = reinterpret_cast<float*>(to.probs) + int64_t(row) * p.prob_cols;
     for (int k = lane; k < p.prob_cols; k += 32) dst[k] = src[k];
   }
   if (p.scales != nullptr) {
     const float* src = from.scales + int64_t(t) * p.scale_cols;
-    float* dst = to.records ? reinterpret_cast<float*>(record + p.record.scale_at)
-                            : to.scales + int64_t(row) * p.scale_cols;
+    float* dst = reinterpret_cast<float*>(to.scales) + int64_t(row) * p.scale_cols;
     for (int k = lane; k < p.scale_cols; k += 32) dst[k] = src[k];
   }
 }
 
-// Lane 0 of a store warp: the bulk stores of one ring item to one destination, one for a
-// record (an FP8 row's probs and scales as their own stores took 4% of the kernel at two ranks,
-// 12% at eight).
+// Lane 0 of a store warp: the bulk stores of one ring item to one destination.
 __device__ __forceinline__ void store_item(const DispatchParams& p, const Smem& s,
                                            const uint8_t* stage, const RowTargets& to, int row) {
-  if (to.records) {
-    ptx::bulk_store(to.rows + int64_t(row) * p.record.stride, stage, s.layout.record_bytes);
-    return;
-  }
   ptx::bulk_store(to.rows + int64_t(row) * p.row_bytes, stage, p.row_bytes);
   if (s.layout.prob_bytes) {
-    ptx::bulk_store(to.probs + int64_t(row) * p.prob_cols, stage + s.layout.prob_at,
+    ptx::bulk_store(to.probs + int64_t(row) * s.layout.prob_bytes, stage + s.layout.prob_at,
                     s.layout.prob_bytes);
   }
   if (s.layout.scale_bytes) {
-    ptx::bulk_store(to.scales + int64_t(row) * p.scale_cols, stage + s.layout.scale_at,
+    ptx::bulk_store(to.scales + int64_t(row) * s.layout.scale_bytes, stage + s.layout.scale_at,
                     s.layout.scale_bytes);
   }
 }
@@ -559,18 +551,16 @@ int dispatch_min_stages() { return kMinStages; }
 
 size_t dispatch_reserved_smem(int chunk, int ranks) { return Smem::reserved_bytes(chunk, ranks); }
 
-size_t dispatch_stage_bytes(const DispatchParams& p) {
-  return StageLayout::make(p).stride + 2 * sizeof(uint64_t);
+size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes) {
+  return StageLayout::make(row_bytes, prob_bytes, scale_bytes).stride + 2 * sizeof(uint64_t);
 }
 
 bool dispatch_side_data_by_tma(const DispatchParams& p) {
   const bool probs_ok =
       p.probs == nullptr || (aligned16(p.probs, int64_t(p.experts_total) * 4) &&
                              (p.prob_col_offset * 4) % 16 == 0 && (p.prob_cols * 4) % 16 == 0);
-  // The record's scales follow room for every prob column, so that must keep them aligned too.
-  const bool scales_ok =
-      p.scales == nullptr || (aligned16(p.scales, int64_t(p.scale_cols) * 4) &&
-                              (p.scale_cols * 4) % 16 == 0 && p.record.scale_at % 16 == 0);
+  const bool scales_ok = p.scales == nullptr || (aligned16(p.scales, int64_t(p.scale_cols) * 4) &&
+                                                 (p.scale_cols * 4) % 16 == 0);
   return probs_ok && scales_ok;
 }
 

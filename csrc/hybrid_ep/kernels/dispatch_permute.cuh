@@ -95,36 +95,27 @@ __device__ __forceinline__ int permute_row(const DispatchParams& p, const Permut
 // Where index k of an item reads its row, probs and scales: this rank's own token k from the
 // caller's tensors, any other dispatch row k from this rank's registered buffer.
 struct PermuteSource {
-  const uint8_t* rows;  // index k's row at rows + k * row_stride
-  int64_t row_stride;
-  // The item's row's E columns of this rank at probs + k * prob_stride, its scales at
-  // scales + k * scale_stride (floats).
-  const float* probs;
+  const uint8_t* rows;
+  const float* probs;  // the item's row's E columns of this rank at probs + k * prob_stride
+  int64_t prob_stride;
   const float* scales;
-  int64_t prob_stride, scale_stride;
 
   __device__ static PermuteSource of(const DispatchParams& p, const PermuteItem& it) {
+    const uint8_t* self = p.domain.self();
     const bool probs = p.permute.out_probs != nullptr, scales = p.permute.out_scales != nullptr;
     if (it.own) {  // (a rank without tokens has null inputs, and no own rows)
       return {p.hidden,
-              p.row_bytes,
               probs && p.probs != nullptr
                   ? p.probs + p.prob_col_offset + p.permute.local_prob_offset
                   : nullptr,
-              scales ? p.scales : nullptr,
-              p.experts_total,
-              p.scale_cols};
+              p.experts_total, scales ? p.scales : nullptr};
     }
-    const DispatchRecord& r = p.record;
-    const uint8_t* records = p.domain.self() + p.dispatch_records;
-    return {records,
-            r.stride,
-            probs
-                ? reinterpret_cast<const float*>(records + r.prob_at) + p.permute.local_prob_offset
-                : nullptr,
-            scales ? reinterpret_cast<const float*>(records + r.scale_at) : nullptr,
-            r.stride / 4,
-            r.stride / 4};
+    return {
+        self + p.dispatch_rows,
+        probs
+            ? reinterpret_cast<const float*>(self + p.dispatch_probs) + p.permute.local_prob_offset
+            : nullptr,
+        p.prob_cols, scales ? reinterpret_cast<const float*>(self + p.dispatch_scales) : nullptr};
   }
 };
 
@@ -170,7 +161,7 @@ __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int
     if (r.mask == 0) continue;
     if (lane == 0) {
       const bool arrived = it.own || permute_chunk_arrived(p, it);
-      const PermuteSource src = PermuteSource::of(p, it);
+      const uint8_t* rows = PermuteSource::of(p, it).rows;
       for (uint32_t m = r.mask; m != 0; m &= m - 1) {
         const int k = it.first + __ffs(m) - 1;
         const int stage = at.stage;
@@ -181,7 +172,7 @@ __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int
           continue;
         }
         ptx::mbar_arrive_expect_tx(&ring.full[stage], p.row_bytes);
-        ptx::bulk_load(ring.stage(stage), src.rows + int64_t(k) * src.row_stride, p.row_bytes,
+        ptx::bulk_load(ring.stage(stage), rows + int64_t(k) * p.row_bytes, p.row_bytes,
                        &ring.full[stage]);
       }
     }
@@ -228,7 +219,7 @@ __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, in
           if (src.scales != nullptr) {
             for (int c = lane; c < p.scale_cols; c += 32) {
               p.permute.out_scales[int64_t(o) * p.scale_cols + c] =
-                  src.scales[int64_t(k) * src.scale_stride + c];
+                  src.scales[int64_t(k) * p.scale_cols + c];
             }
           }
         }

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "hybrid_ep/kernels/common/status.h"
-#include "hybrid_ep/memory/layout.h"
 #include "hybrid_ep/transport/transport.h"
 
 namespace hybrid_ep {
@@ -163,8 +162,7 @@ struct DispatchParams {
   int first_permute_block;  // the permute blocks are blocks first_permute_block, ...
   FusedPermuteParams permute;
   OwnDispatchRows own;
-  DispatchRecord record;                    // of this call's rows in the registered buffers
-  size_t dispatch_records, dispatch_flags;  // region offsets
+  size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
   size_t net_rows, net_probs, net_scales, network_flags;
 };
 
@@ -250,8 +248,9 @@ struct CombineNetworkParams {
 // Permute: output row o of the expert-major layout gathers dispatch row i for expert e, where
 // row_source[o] = i * E + e, or is zero (padding, or past the data) where it is -1.
 struct PermuteParams {
-  const uint8_t* records;     // this rank's received rows (registered), [D] records
-  DispatchRecord record;      // where a record holds its row, probs and scales
+  const uint8_t* rows;        // this rank's received rows (registered), [D, row_bytes]
+  const float* probs;         // [D, prob_cols] or null
+  const float* scales;        // [D, scale_cols] or null
   const int32_t* row_source;  // [num_permuted]
   int num_permuted;           // P
   int row_bytes;
@@ -311,7 +310,7 @@ struct NetworkSendCheckParams {
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.
 int dispatch_min_stages();
 size_t dispatch_reserved_smem(int chunk, int ranks);  // besides the ring: routes, run scratch
-size_t dispatch_stage_bytes(const DispatchParams& p);
+size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
 bool dispatch_side_data_by_tma(const DispatchParams& p);
 // Per stage for p's pieces, input type and probs; and the rest of the kernel's shared memory.
 size_t combine_stage_bytes(const CombineParams& p);

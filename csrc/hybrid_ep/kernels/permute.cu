@@ -1,7 +1,6 @@
-// Permute: the received rows (still in this rank's registered buffer, as DispatchRecords) into
-// the expert-major layout. A gather, one warp per output row: every output row is written
-// exactly once (the row, or zeros for padding and for the tail past the data), so no memset
-// pass is needed.
+// Permute: the received rows (still in this rank's registered buffer) into the expert-major
+// layout. A gather, one warp per output row: every output row is written exactly once (the
+// row, or zeros for padding and for the tail past the data), so no memset pass is needed.
 #include <algorithm>
 
 #include "hybrid_ep/kernels/params.h"
@@ -41,22 +40,19 @@ __global__ void __launch_bounds__(kThreads) permute_kernel(PermuteParams p) {
   for (int o = blockIdx.x * (kThreads / 32) + threadIdx.x / 32; o < p.num_permuted; o += warps) {
     const int source = p.row_source[o];
     const int64_t i = source >= 0 ? source / p.experts_per_rank : -1;
-    const uint8_t* record = p.records + i * p.record.stride;  // used when i >= 0
-    const float* probs = reinterpret_cast<const float*>(record + p.record.prob_at);
-    const float* scales = reinterpret_cast<const float*>(record + p.record.scale_at);
     uint4* dst = reinterpret_cast<uint4*>(p.out + int64_t(o) * p.row_bytes);
     if (i >= 0) {
-      copy_row(dst, reinterpret_cast<const uint4*>(record), vectors, lane);
+      copy_row(dst, reinterpret_cast<const uint4*>(p.rows + i * p.row_bytes), vectors, lane);
     } else {
       for (int v = lane; v < vectors; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
     }
     if (p.out_probs != nullptr && lane == 0) {
       const int e = source % p.experts_per_rank;
-      p.out_probs[o] = i >= 0 ? probs[p.prob_col_offset + e] : 0.f;
+      p.out_probs[o] = i >= 0 ? p.probs[i * p.prob_cols + p.prob_col_offset + e] : 0.f;
     }
     if (p.out_scales != nullptr) {
       for (int c = lane; c < p.scale_cols; c += 32) {
-        p.out_scales[int64_t(o) * p.scale_cols + c] = i >= 0 ? scales[c] : 0.f;
+        p.out_scales[int64_t(o) * p.scale_cols + c] = i >= 0 ? p.scales[i * p.scale_cols + c] : 0.f;
       }
     }
   }

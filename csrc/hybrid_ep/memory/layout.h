@@ -11,28 +11,6 @@ namespace hybrid_ep {
 // slices, each its own work item and flag: a chunk's rows spread over several blocks.
 constexpr int kUnpermuteSlices = 4;
 
-// A row received by dispatch as it sits in the registered buffer: the row, then its E*R probs,
-// then room for its FP8 scales (one per 128 bytes of row), so that a sender moves a row with its
-// probs and scales in one bulk store per destination. The shape depends only on the row's bytes
-// and the domain's prob columns, which every rank of a call agrees on whatever side data each
-// rank passes. The stride is a 16-byte multiple (TMA stores).
-struct DispatchRecord {
-  int64_t row_bytes;
-  int64_t prob_at;   // fp32 [E*R]
-  int64_t scale_at;  // fp32 [row_bytes / 128]
-  int64_t stride;
-
-  static DispatchRecord of(int64_t row_bytes, int64_t prob_cols) {
-    DispatchRecord r{};
-    r.row_bytes = row_bytes;
-    r.prob_at = row_bytes;
-    r.scale_at = r.prob_at + prob_cols * 4;
-    r.stride = (r.scale_at + row_bytes / 128 * 4 + 15) / 16 * 16;
-    return r;
-  }
-  int64_t scale_room() const { return stride - scale_at; }
-};
-
 struct BufferShape {
   int64_t world;             // W: ranks in the group
   int64_t ranks;             // R: ranks per NVLink domain
@@ -51,12 +29,14 @@ struct BufferShape {
 
 struct BufferLayout {
   // Registered (peer-visible) regions, byte offsets from the buffer base.
-  size_t routing;           // bool [W*T, E_total]: every rank's routing map (allgather)
-  size_t token_counts;      // uint64 [W]: tokens of each rank this call (for growth)
-  size_t dispatch_records;  // [W*T] DispatchRecord: rows dispatched to this rank
-  size_t combine_rows;      // [W*T, 2 x row bytes]: this rank's combine input (BF16 rows, or the
-                            // fp32 sums of the unpermute path), pulled by peers
-  size_t combine_probs;     // fp32 [W*T, E*R]
+  size_t routing;          // bool [W*T, E_total]: every rank's routing map (allgather)
+  size_t token_counts;     // uint64 [W]: tokens of each rank this call (for growth)
+  size_t dispatch_rows;    // [W*T, row bytes]: rows dispatched to this rank
+  size_t dispatch_probs;   // fp32 [W*T, E*R]
+  size_t dispatch_scales;  // fp32 [W*T, H/128]
+  size_t combine_rows;     // [W*T, 2 x row bytes]: this rank's combine input (BF16 rows, or the
+                           // fp32 sums of the unpermute path), pulled by peers
+  size_t combine_probs;    // fp32 [W*T, E*R]
   // Several domains only (empty with one): receive tiles from the peer of each domain, and the
   // local sources of this rank's puts (registered, as RDMA transports need).
   size_t net_rows;             // [N, T, row bytes]: dispatched rows from the peer of domain n
@@ -94,7 +74,9 @@ struct BufferLayout {
     const size_t rows = static_cast<size_t>(s.max_rows());
     l.routing = take(rows * static_cast<size_t>(s.experts_total()));
     l.token_counts = take(sizeof(uint64_t) * s.world);
-    l.dispatch_records = take(rows * DispatchRecord::of(s.max_row_bytes, s.prob_cols()).stride);
+    l.dispatch_rows = take(rows * s.max_row_bytes);
+    l.dispatch_probs = take(rows * s.prob_cols() * sizeof(float));
+    l.dispatch_scales = take(rows * s.max_scale_cols * sizeof(float));
     l.combine_rows = take(rows * s.max_row_bytes * 2);
     l.combine_probs = take(rows * s.prob_cols() * sizeof(float));
     const size_t tiles = s.nodes() > 1 ? size_t(s.nodes() * s.max_tokens) : 0;  // N*T
