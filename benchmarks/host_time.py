@@ -1,7 +1,8 @@
 """Host time of each API call on one rank, without a profiler: how long the call takes to
-return with the GPU idle before it, and how much of that the calls into the compiled runtime
-(launches, copies) take. Host speed differs between machines, so it also times two torch
-primitives for reference.
+return with the GPU idle before it, when it enters its first launching runtime call (what the
+host spends before the GPU can start), when the GPU is done (synchronised), and how much the
+calls into the compiled runtime (launches, copies) take. Host speed differs between machines,
+so it also times two torch primitives for reference.
 
     python3 benchmarks/host_time.py --out OUT.md [--sms 8] [--iters 30]
 
@@ -29,12 +30,19 @@ def median_us(fn, calls: int = 200) -> float:
     return statistics.median(times) * 1e6
 
 
+# Runtime calls that enqueue GPU work (status and summary reads do not).
+LAUNCHING = {"preprocess", "dispatch", "dispatch_permute", "combine", "permute_layout",
+             "permute"}
+
+
 class TimedRuntime:
-    """Stands in for the engine's runtime and times every call into it."""
+    """Stands in for the engine's runtime and times every call into it; ``first_launch`` is
+    when the current API call entered its first launching one."""
 
     def __init__(self, inner):
         self.inner = inner
         self.seconds = defaultdict(list)
+        self.first_launch = None
 
     def __getattr__(self, name):
         target = getattr(self.inner, name)
@@ -43,6 +51,8 @@ class TimedRuntime:
 
         def timed(*args, **kwargs):
             start_s = time.perf_counter()
+            if name in LAUNCHING and self.first_launch is None:
+                self.first_launch = start_s
             result = target(*args, **kwargs)
             self.seconds[name].append(time.perf_counter() - start_s)
             return result
@@ -68,7 +78,8 @@ def main() -> None:
          f"torch {torch.__version__}; median of {args.iters} calls, GPU idle before each"),
         f"Command: `python3 benchmarks/host_time.py --out OUT.md --sms {args.sms}`", "",
         "Host speed: " + ", ".join(f"{name} {median_us(fn):.2f} us" for name, fn in speed.items()),
-        "", "| operation | host returns (us) | runtime calls (median us each) |", "|---|---|---|",
+        "", ("| operation | first launch (us) | host returns (us) | synchronised (us) | "
+             "runtime calls (median us each) |"), "|---|---|---|---|---|",
     ]
     engine = run.buffer._cuda_engine
     for name, fn in ops:
@@ -77,17 +88,22 @@ def main() -> None:
         torch.cuda.synchronize()
         timed = TimedRuntime(engine.runtime)
         engine.runtime = timed
-        host = []
+        launch, host, synced = [], [], []
         for _ in range(args.iters):
             torch.cuda.synchronize()
+            timed.first_launch = None
             start_s = time.perf_counter()
             fn()
             host.append(time.perf_counter() - start_s)
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            synced.append(time.perf_counter() - start_s)
+            launch.append(timed.first_launch - start_s)
         engine.runtime = timed.inner
         parts = ", ".join(f"{call} {statistics.median(s) * 1e6:.1f}"
                           for call, s in timed.seconds.items())
-        lines.append(f"| {name} | {statistics.median(host) * 1e6:.1f} | {parts} |")
+        lines.append(f"| {name} | {statistics.median(launch) * 1e6:.1f} | "
+                     f"{statistics.median(host) * 1e6:.1f} | "
+                     f"{statistics.median(synced) * 1e6:.1f} | {parts} |")
     write_report(args.out, lines)
     run.close()
 

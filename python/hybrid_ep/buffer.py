@@ -169,13 +169,16 @@ class HybridEPBuffer:
     def _cuda(self):
         """The CUDA engine, created by the first CUDA call (collective) and rebuilt when the
         template outgrew it."""
-        if self._cuda_engine is None:
+        engine = self._cuda_engine
+        if engine is None:
             from .cuda_engine import CudaEngine
 
             self._cuda_engine = CudaEngine(self.group, self.topology, self.config, self._env,
                                            self.use_mnnvl)
-        elif not self._cuda_engine.matches(self.config):
-            self._cuda_engine.grow(self.config)
+        elif engine.config is not self.config and not engine.matches(self.config):
+            # (The same config object: nothing changed since the engine was built for it, and
+            # the field-by-field check cost microseconds of every call.)
+            engine.grow(self.config)
         return self._cuda_engine
 
     def _check_rows(self, name: str, rows: int, *, non_blocking: bool):
