@@ -14,8 +14,13 @@ from .config import ROOFLINE_BYTES
 
 # ---- measurement helpers ------------------------------------------------------------------------
 def time_call(fn, group):
+    """Wall time of ``fn`` from an idle GPU until its work is done. Several ranks start
+    together (a barrier first); a lone rank skips it, which cost ~10 us of the next call's host
+    time on the H200 host (benchmarks/results/2026-11-30-own-rows.md), a wake-up that no caller
+    of the API pays."""
     torch.cuda.synchronize()
-    dist.barrier(group)
+    if dist.get_world_size(group) > 1:
+        dist.barrier(group)
     start = time.perf_counter()
     result = fn()
     torch.cuda.synchronize()
