@@ -46,9 +46,8 @@ __host__ __device__ inline int stage_stride(int piece_bytes) { return align_up(p
 struct Ring {
   uint8_t* rows;
   // [ranks]: where each local rank's staged combine rows start (staged_rows). Read from the
-  // peer table in
-  // global memory instead, the loader lane's chain waited on that load for every copy it
-  // issued, and the reduce warps waited for the loader (ncu, 2 ranks).
+  // peer table in global memory instead, the loader lane's chain waited on that load for every
+  // copy it issued, and the reduce warps waited for the loader (ncu, 2 ranks).
   const uint8_t** sources;
   uint64_t* full;
   uint64_t* empty;
