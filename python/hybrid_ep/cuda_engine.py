@@ -260,7 +260,8 @@ class CudaEngine:
     def dispatch(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int,
                  keep_in_buffer: bool = False, fused_permute: tuple[int, int | None] | None = None):
         """Rows to every destination's registered buffer; then copied out into new tensors, or
-        (``keep_in_buffer``, the permute path) left there for the permute kernel. With
+        (``keep_in_buffer``, the permute path) left there for the permute kernel. With a
+        handle inside one domain, a rank's rows from itself go straight into the new tensors. With
         ``fused_permute`` = (pad_multiple, num_permuted_tokens or None) extra blocks of the
         dispatch grid write the expert-major rows as chunks arrive; returns those rows and the
         permuted layout."""
