@@ -150,6 +150,8 @@ struct CombineCall {
 // partials and the network step exchanges and adds them.
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
+// Copies between the caller's tensors and the registered buffer (buffer_copies.cpp).
+
 // Where a network put may read `bytes` of `source` from: `source` itself, or, when the backend's
 // puts read only registered memory (Runtime::needs_registered_sources), a copy of it enqueued
 // at `registered_offset` of this rank's registered buffer.

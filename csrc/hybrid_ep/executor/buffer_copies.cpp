@@ -1,0 +1,37 @@
+// Copies between the caller's tensors and this rank's registered buffer, shared by the steps:
+// staging for network puts, the dispatch's copy-out, the combine's staging.
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "hybrid_ep/executor/executor.h"
+#include "hybrid_ep/runtime/cuda_check.h"
+
+namespace hybrid_ep {
+
+const void* network_source(Runtime& runtime, const void* source, size_t bytes,
+                           size_t registered_offset, cudaStream_t stream) {
+  if (!runtime.needs_registered_sources() || bytes == 0) return source;
+  uint8_t* staged = runtime.registered() + registered_offset;
+  HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(staged, source, bytes, cudaMemcpyDeviceToDevice, stream));
+  return staged;
+}
+
+void copy_rows_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip,
+                       cudaStream_t stream) {
+  if (skip.size() > 0 && (skip.begin < 0 || skip.end > rows)) {
+    throw std::invalid_argument("rows [" + std::to_string(skip.begin) + ", " +
+                                std::to_string(skip.end) + ") to skip lie outside the " +
+                                std::to_string(rows) + " rows");
+  }
+  const RowRange cut = skip.size() > 0 ? skip : RowRange{rows, rows};
+  for (const RowRange part : {RowRange{0, cut.begin}, RowRange{cut.end, rows}}) {
+    if (part.size() == 0) continue;
+    const size_t offset = size_t(part.begin) * row_bytes;
+    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(
+        static_cast<uint8_t*>(dst) + offset, static_cast<const uint8_t*>(src) + offset,
+        size_t(part.size()) * row_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+}  // namespace hybrid_ep
