@@ -99,6 +99,7 @@ def _bench_gpu(args) -> int:
         fp8=not args.no_fp8, permute=not args.no_permute, seed=args.seed,
         label=args.label or "",
         mps_partition=not args.no_mps_partition, permute_blocks=args.permute_blocks,
+        kernel_traces=args.kernel_traces,
         out_dir=args.out_dir if args.out_dir is not None else "hybrid-ep-bench", **given)
     for name in ("hidden", "tokens", "experts_per_rank", "topk", "iters"):
         if getattr(cfg, name) < 1:
@@ -182,6 +183,10 @@ def main(argv=None) -> int:
     g.add_argument("--no-mps-partition", action="store_true",
                    help="ranks sharing a GPU get no MPS share of SMs (default: just above "
                         "their SMs per rank)")
+    g.add_argument("--kernel-traces", action="store_true",
+                   help="each rank also writes the kernels its profiler saw to "
+                        "OUT_DIR/kernels-<regime>-<ranks>r-rank<rank>.json (for "
+                        "benchmarks/rank_skew.py)")
     b.set_defaults(func=_bench)
     i = sub.add_parser("info", help="build info and environment variables")
     i.set_defaults(func=_info)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -208,6 +209,8 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
             path = os.path.join(tmp, "trace.json")
             prof.export_chrome_trace(path)
             kernels = kernel_events(path)
+        if cfg.kernel_traces and cfg.out_dir:
+            _write_kernels(cfg, spec, rank, kernels)
         _assign_kernels(result, kernels, ops, steps, cfg.iters,
                         preprocess_per_step=(1 + ("dispatch_fused" in ops)
                                              + ("dispatch_permute" in ops)))
@@ -227,6 +230,15 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
     del bench
     dist.barrier(group)
     return result
+
+
+def _write_kernels(cfg: GpuBenchConfig, spec: RunSpec, rank: int, kernels) -> None:
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    name = f"kernels-{spec.regime}-{spec.ranks}r-rank{rank}.json"
+    with open(os.path.join(cfg.out_dir, name), "w") as f:
+        json.dump({"rank": rank, "ranks": spec.ranks, "regime": spec.regime,
+                   "kernels": [{"start_us": s, "dur_us": d, "name": n} for s, d, n in kernels]},
+                  f)
 
 
 def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int,
