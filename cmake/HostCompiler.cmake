@@ -28,3 +28,9 @@ if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER AND DEFINED CMAKE_CXX_COMPILER)
   endif()
   set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}" CACHE FILEPATH "CUDA host compiler")
 endif()
+# CMake 4.4 takes the host compiler of its CUDA detection from $CUDAHOSTCXX even over the
+# cache entry, and that compiler's library directories then reach the module's link (a static
+# libstdc++ on the GPU image). So the detection sees the chosen compiler.
+if(DEFINED CMAKE_CUDA_HOST_COMPILER)
+  set(ENV{CUDAHOSTCXX} "${CMAKE_CUDA_HOST_COMPILER}")
+endif()
