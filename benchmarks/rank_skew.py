@@ -27,20 +27,40 @@ def short_name(name: str) -> str:
     return match.group(1) if match else name
 
 
-def load_ranks(out_dir: str, regime: str) -> dict[int, list[dict]]:
-    ranks = {}
+def load_ranks(out_dir: str, regime: str) -> tuple[dict[int, list[dict]], dict[str, list[str]]]:
+    """Each rank's kernels, and the ops a step's launches of a kernel belong to, in order."""
+    ranks, ops = {}, {}
     for path in glob.glob(os.path.join(out_dir, f"kernels-{regime}-*r-rank*.json")):
         with open(path) as f:
             data = json.load(f)
         ranks[data["rank"]] = data["kernels"]
+        ops = data.get("ops_per_step", ops)
     if not ranks:
         raise SystemExit(f"no kernels-{regime}-*r-rank*.json in {out_dir}")
-    return dict(sorted(ranks.items()))
+    return dict(sorted(ranks.items())), ops
 
 
-def skew_rows(ranks: dict[int, list[dict]]) -> list[dict]:
-    """Per kernel name of ours: medians over its launches of the start and end skew across
-    ranks, the mean rank's time, and the span from first start to last end."""
+def _medians(launches_per_rank: list[list[dict]]) -> dict:
+    """Medians over launches (the i-th from the end on every rank) of the start and end skew
+    across ranks, the mean rank's time, and the spans to the last end."""
+    starts, ends, means, spans, late = [], [], [], [], []
+    for launches in zip(*launches_per_rank):
+        s = [k["start_us"] for k in launches]
+        e = [k["start_us"] + k["dur_us"] for k in launches]
+        starts.append(max(s) - min(s))
+        ends.append(max(e) - min(e))
+        means.append(statistics.fmean(k["dur_us"] for k in launches))
+        spans.append(max(e) - min(s))
+        late.append(max(e) - max(s))  # from the last rank's start to the last end
+    return {"launches": len(starts), "start_skew_us": statistics.median(starts),
+            "end_skew_us": statistics.median(ends), "rank_time_us": statistics.median(means),
+            "span_us": statistics.median(spans), "after_last_start_us": statistics.median(late)}
+
+
+def skew_rows(ranks: dict[int, list[dict]], ops: dict[str, list[str]] | None = None) -> list[dict]:
+    """One row per kernel of ours, or per op for a kernel that several ops of a step launch
+    (``ops``: kernel -> the step's ops in launch order)."""
+    ops = ops or {}
     names = {short_name(k["name"]) for ks in ranks.values() for k in ks if "hybrid_ep" in k["name"]}
     rows = []
     for name in sorted(names):
@@ -49,22 +69,15 @@ def skew_rows(ranks: dict[int, list[dict]]) -> list[dict]:
         n = min(len(p) for p in per_rank)
         if n == 0:
             continue
-        starts, ends, means, spans, late = [], [], [], [], []
-        for i in range(1, n + 1):
-            launches = [p[-i] for p in per_rank]
-            s = [k["start_us"] for k in launches]
-            e = [k["start_us"] + k["dur_us"] for k in launches]
-            starts.append(max(s) - min(s))
-            ends.append(max(e) - min(e))
-            means.append(statistics.fmean(k["dur_us"] for k in launches))
-            spans.append(max(e) - min(s))
-            late.append(max(e) - max(s))  # from the last rank's start to the last end
-        rows.append({"kernel": name, "launches": n,
-                     "start_skew_us": statistics.median(starts),
-                     "end_skew_us": statistics.median(ends),
-                     "rank_time_us": statistics.median(means),
-                     "span_us": statistics.median(spans),
-                     "after_last_start_us": statistics.median(late)})
+        last = [p[len(p) - n:] for p in per_rank]  # matched from the end
+        step_ops = ops.get(name) or [name]
+        for j, op in enumerate(step_ops):
+            # Launch i from the end belongs to step_ops[-1 - i % len(step_ops)].
+            picked = [[p[i] for i in range(n) if (n - 1 - i) % len(step_ops)
+                       == len(step_ops) - 1 - j] for p in last]
+            if picked[0]:
+                rows.append({"kernel": name if op == name else f"{name} ({op})",
+                             **_medians(picked)})
     return rows
 
 
@@ -74,11 +87,11 @@ def main() -> None:
     ap.add_argument("--regime", default="hbm")
     ap.add_argument("--out", help="also write the table to this markdown file")
     args = ap.parse_args()
-    ranks = load_ranks(args.out_dir, args.regime)
+    ranks, ops = load_ranks(args.out_dir, args.regime)
     lines = [f"{len(ranks)} ranks, regime {args.regime}, medians over launches (us)", "",
-             "| kernel | launches | start skew | end skew | mean rank's time | first start to "
-             "last end | last start to last end |", "|---|---|---|---|---|---|---|"]
-    for r in skew_rows(ranks):
+             ("| kernel | launches | start skew | end skew | mean rank's time | first start to "
+              "last end | last start to last end |"), "|---|---|---|---|---|---|---|"]
+    for r in skew_rows(ranks, ops):
         lines.append(f"| {r['kernel']} | {r['launches']} | {r['start_skew_us']:.1f} | "
                      f"{r['end_skew_us']:.1f} | {r['rank_time_us']:.1f} | {r['span_us']:.1f} | "
                      f"{r['after_last_start_us']:.1f} |")

@@ -38,3 +38,42 @@ def test_permute_pair_kernels_are_summed_per_op():
         assert result.kernel_s["dispatch_fused"][n] == (base + 9) * 1e-6
         assert result.kernel_s["combine_fused"][n] == (base + 10) * 1e-6
     assert result.profiler_note is None
+
+
+def _rank_skew():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "rank_skew.py"
+    spec = importlib.util.spec_from_file_location("rank_skew", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rank_skew_matches_launches_per_op_from_the_end():
+    """Two ops launch dispatch_kernel each step; rank 1 starts 10 us late and both end
+    together (the kernel waits for its peers); rank 0's profiler missed its first launch."""
+    rank_skew = _rank_skew()
+    durations = {"first": 100.0, "second": 50.0}
+    ranks = {}
+    for rank in range(2):
+        kernels = []
+        for step in range(3):
+            for n, (op, dur) in enumerate(durations.items()):
+                start = 1000.0 * step + 200.0 * n + 10.0 * rank
+                kernels.append({"start_us": start, "dur_us": dur - 10.0 * rank,
+                                "name": NAME.format("dispatch_kernel")})
+            kernels.append({"start_us": 1000.0 * step + 900.0, "dur_us": 5.0,
+                            "name": "void at::native::copy_kernel(int)"})
+        ranks[rank] = kernels[1:] if rank == 0 else kernels
+    rows = rank_skew.skew_rows(ranks, {"dispatch_kernel": list(durations)})
+    by_op = {row["kernel"]: row for row in rows}
+    assert set(by_op) == {"dispatch_kernel (first)", "dispatch_kernel (second)"}
+    for op, dur in durations.items():
+        row = by_op[f"dispatch_kernel ({op})"]
+        assert row["start_skew_us"] == 10.0 and row["end_skew_us"] == 0.0
+        assert row["rank_time_us"] == dur - 5.0 and row["span_us"] == dur
+        assert row["after_last_start_us"] == dur - 10.0
+    assert by_op["dispatch_kernel (second)"]["launches"] == 3
+    assert by_op["dispatch_kernel (first)"]["launches"] == 2

@@ -210,7 +210,7 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
             prof.export_chrome_trace(path)
             kernels = kernel_events(path)
         if cfg.kernel_traces and cfg.out_dir:
-            _write_kernels(cfg, spec, rank, kernels)
+            _write_kernels(cfg, spec, rank, kernels, ops)
         _assign_kernels(result, kernels, ops, steps, cfg.iters,
                         preprocess_per_step=(1 + ("dispatch_fused" in ops)
                                              + ("dispatch_permute" in ops)))
@@ -232,11 +232,16 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
     return result
 
 
-def _write_kernels(cfg: GpuBenchConfig, spec: RunSpec, rank: int, kernels) -> None:
+def _write_kernels(cfg: GpuBenchConfig, spec: RunSpec, rank: int, kernels, ops) -> None:
+    """The profiler's kernels, and which op each launch of a dispatch or combine kernel in a
+    step belongs to (the order _assign_kernels matches them in)."""
     os.makedirs(cfg.out_dir, exist_ok=True)
+    per_step = {kernel: [op for op in ops if OPS[op][1] == kernel]
+                for kernel in ("dispatch_kernel", "combine_kernel")}
     name = f"kernels-{spec.regime}-{spec.ranks}r-rank{rank}.json"
     with open(os.path.join(cfg.out_dir, name), "w") as f:
         json.dump({"rank": rank, "ranks": spec.ranks, "regime": spec.regime,
+                   "ops_per_step": per_step,
                    "kernels": [{"start_us": s, "dur_us": d, "name": n} for s, d, n in kernels]},
                   f)
 
