@@ -77,3 +77,22 @@ def test_rank_skew_matches_launches_per_op_from_the_end():
         assert row["after_last_start_us"] == dur - 10.0
     assert by_op["dispatch_kernel (second)"]["launches"] == 3
     assert by_op["dispatch_kernel (first)"]["launches"] == 2
+
+
+def test_mps_share_does_not_depend_on_the_permute_ops():
+    from hybrid_ep.gpubench.config import GpuBenchConfig, RunSpec
+    from hybrid_ep.gpubench.ranks import plan_sharing
+
+    for ranks, sms, share in ((2, 8, 50), (8, 16, 13)):
+        spec = RunSpec("sm", ranks, sms)
+        with_permute = plan_sharing(GpuBenchConfig(), spec, gpus=1, sms=132)
+        without = plan_sharing(GpuBenchConfig(permute=False), spec, gpus=1, sms=132)
+        assert with_permute.sm_percentage == without.sm_percentage == share
+        assert without.permute_blocks == 0
+        assert with_permute.permute_blocks == max(0, 132 // ranks - sms - 1)
+    explicit = plan_sharing(GpuBenchConfig(permute_blocks=0), RunSpec("sm", 2, 8), 1, 132)
+    assert explicit.sm_percentage == 7 and explicit.permute_blocks == 0
+    alone = plan_sharing(GpuBenchConfig(), RunSpec("sm", 1, 8), gpus=1, sms=132)
+    assert alone.sm_percentage is None
+    unpartitioned = plan_sharing(GpuBenchConfig(mps_partition=False), RunSpec("hbm", 8, 16), 1, 132)
+    assert unpartitioned.sm_percentage is None

@@ -181,8 +181,9 @@ def main(argv=None) -> int:
                         "an even split of the GPU's SMs among the ranks on it, less the dispatch "
                         "SMs; 0 skips the fused op)")
     g.add_argument("--no-mps-partition", action="store_true",
-                   help="ranks sharing a GPU get no MPS share of SMs (default: just above "
-                        "their SMs per rank)")
+                   help="ranks sharing a GPU get no MPS share of SMs (default: their SMs "
+                        "per rank and permute blocks, an even split of the GPU unless "
+                        "--permute-blocks says otherwise)")
     g.add_argument("--kernel-traces", action="store_true",
                    help="each rank also writes the kernels its profiler saw to "
                         "OUT_DIR/kernels-<regime>-<ranks>r-rank<rank>.json (for "

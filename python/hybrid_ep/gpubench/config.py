@@ -50,9 +50,10 @@ class GpuBenchConfig:
     permute_blocks: int | None = None
     seed: int = 0
     label: str = ""
-    # Ranks sharing a GPU get an MPS share of SMs slightly above their SMs per rank, so that
-    # one rank's copy kernels (copy-out, staging) cannot occupy the SMs another rank's
-    # persistent kernel needs, as separate GPUs would not either.
+    # Ranks sharing a GPU get an MPS share of SMs for their SMs per rank and the permute blocks
+    # (by default an even split of the GPU; ranks.plan_sharing), so that one rank's copy
+    # kernels (copy-out, staging) cannot occupy the SMs another rank's persistent kernel
+    # needs, as separate GPUs would not either.
     mps_partition: bool = True
     out_dir: str | None = None
     # Each rank also writes the GPU kernels its profiler saw (start, duration, name) to

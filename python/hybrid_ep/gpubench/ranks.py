@@ -278,24 +278,33 @@ def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int,
         result.profiler_note = "profiler saw only " + ", ".join(short)
 
 
-def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> tuple[RunSpec, list[dict]]:
-    """Runs the ranks of ``spec``; returns the spec as run (MPS share, roofline) and their
-    results."""
-    percentage = roofline = None
-    gpus = torch.cuda.device_count()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+def plan_sharing(cfg: GpuBenchConfig, spec: RunSpec, gpus: int, sms: int) -> RunSpec:
+    """The fused grids' permute blocks per rank and, for ranks sharing a GPU, their MPS share
+    of its SMs: room for the kernel's SMs and the permute blocks (by default an even split of
+    the GPU), whether or not the permute ops run. A share of just the kernel's SMs (7% for two
+    ranks) ran the two-rank dispatch ~12% slower than the even split with the same kernels
+    (benchmarks/results/2026-11-30-side-lanes.md), so the op list must not set it."""
     sharing = -(-spec.ranks // gpus)
     blocks = cfg.permute_blocks
     if blocks is None:  # an even split of the GPU, less the dispatch SMs and MPS's spare one
         blocks = max(0, sms // sharing - spec.sms - (1 if sharing > 1 else 0))
     spec = replace(spec, permute_blocks=blocks if cfg.permute else 0)
     if cfg.mps_partition and spec.ranks > gpus:
-        percentage = min(100, math.ceil(100 * (spec.sms + spec.permute_blocks + 1) / sms))
-        roofline = measure_roofline() / 1e9
-        spec = replace(spec, sm_percentage=percentage, roofline_gbps=roofline,
-                       gpu_sm_count=sms)
+        percentage = min(100, math.ceil(100 * (spec.sms + blocks + 1) / sms))
+        spec = replace(spec, sm_percentage=percentage, gpu_sm_count=sms)
+    return spec
+
+
+def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> tuple[RunSpec, list[dict]]:
+    """Runs the ranks of ``spec``; returns the spec as run (MPS share, roofline) and their
+    results."""
+    spec = plan_sharing(cfg, spec, torch.cuda.device_count(),
+                        torch.cuda.get_device_properties(0).multi_processor_count)
+    if spec.sm_percentage is not None:
+        spec = replace(spec, roofline_gbps=measure_roofline() / 1e9)
     # Read by MPS when a rank creates its CUDA context.
-    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percentage)} if percentage else {}
+    env = ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(spec.sm_percentage)}
+           if spec.sm_percentage is not None else {})
     return spec, run_ranks(spec.ranks, _measure, (cfg, spec), env)
 
 

@@ -133,9 +133,10 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
     notes = sorted({r["profiler_note"] for r in ranks if r["profiler_note"]})
     if spec.sm_percentage is not None:
         notes.append(f"ranks ran with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={spec.sm_percentage} "
-                     "(an MPS share of SMs just above their SMs per rank and fused permute "
-                     "blocks, as separate GPUs would have); the roofline was measured before, "
-                     "without that limit")
+                     "(an MPS share of SMs for their SMs per rank and the fused grids' permute "
+                     "blocks, by default an even split of the GPU, so that one rank's copy "
+                     "kernels cannot take the SMs another rank's persistent kernel needs); the "
+                     "roofline was measured before, without that limit")
     if len(on_gpu) > 1:
         notes.append(f"ranks on {len(on_gpu)} GPUs: rows to ranks on other GPUs cross NVLink, "
                      "while the TMA copy ceiling is measured on one GPU's HBM, so the ceiling "
