@@ -20,6 +20,8 @@ import os
 import re
 import statistics
 
+from hybrid_ep.gpubench.ranks import launches_by_op
+
 
 def short_name(name: str) -> str:
     """The kernel's function name without namespaces and arguments."""
@@ -66,18 +68,14 @@ def skew_rows(ranks: dict[int, list[dict]], ops: dict[str, list[str]] | None = N
     for name in sorted(names):
         per_rank = [[k for k in ks if "hybrid_ep" in k["name"] and short_name(k["name"]) == name]
                     for ks in ranks.values()]
-        n = min(len(p) for p in per_rank)
-        if n == 0:
-            continue
-        last = [p[len(p) - n:] for p in per_rank]  # matched from the end
         step_ops = ops.get(name) or [name]
-        for j, op in enumerate(step_ops):
-            # Launch i from the end belongs to step_ops[-1 - i % len(step_ops)].
-            picked = [[p[i] for i in range(n) if (n - 1 - i) % len(step_ops)
-                       == len(step_ops) - 1 - j] for p in last]
-            if picked[0]:
+        split = [launches_by_op(p, step_ops) for p in per_rank]
+        for op in step_ops:
+            picked = [s[op] for s in split]
+            n = min(len(p) for p in picked)
+            if n:  # the n-th launch from the end is the same call on every rank
                 rows.append({"kernel": name if op == name else f"{name} ({op})",
-                             **_medians(picked)})
+                             **_medians([p[len(p) - n:] for p in picked])})
     return rows
 
 

@@ -236,7 +236,7 @@ def _write_kernels(cfg: GpuBenchConfig, spec: RunSpec, rank: int, kernels, ops) 
     """The profiler's kernels, and which op each launch of a dispatch or combine kernel in a
     step belongs to (the order _assign_kernels matches them in)."""
     os.makedirs(cfg.out_dir, exist_ok=True)
-    per_step = {kernel: [op for op in ops if OPS[op][1] == kernel]
+    per_step = {kernel: ops_launching(ops, kernel)
                 for kernel in ("dispatch_kernel", "combine_kernel")}
     name = f"kernels-{spec.regime}-{spec.ranks}r-rank{rank}.json"
     with open(os.path.join(cfg.out_dir, name), "w") as f:
@@ -244,6 +244,20 @@ def _write_kernels(cfg: GpuBenchConfig, spec: RunSpec, rank: int, kernels, ops) 
                    "ops_per_step": per_step,
                    "kernels": [{"start_us": s, "dur_us": d, "name": n} for s, d, n in kernels]},
                   f)
+
+
+def ops_launching(ops, kernel: str) -> list[str]:
+    """The ops of a step that launch ``kernel`` (dispatch_kernel or combine_kernel), in order."""
+    return [op for op in ops if OPS[op][1] == kernel]
+
+
+def launches_by_op(launches: list, step_ops: list[str]) -> dict[str, list]:
+    """One kernel's launches split among the ops of a step that launch it, matched from the end
+    of the session (the profiler may miss a few at its start); each op's in launch order."""
+    by_op = {op: [] for op in step_ops}
+    for k, launch in enumerate(reversed(launches)):
+        by_op[step_ops[len(step_ops) - 1 - k % len(step_ops)]].append(launch)
+    return {op: got[::-1] for op, got in by_op.items()}
 
 
 def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int,
@@ -255,11 +269,12 @@ def _assign_kernels(result: RankResult, kernels, ops, steps: int, iters: int,
     per_op = {op: [] for op in ops}
     seen = {}
     for kernel in ("dispatch_kernel", "combine_kernel"):
-        mine = [op for op in ops if OPS[op][1] == kernel]
+        mine = ops_launching(ops, kernel)
         events = [k for k in kernels if is_our_kernel(k[2], kernel)]
         seen[kernel] = (len(events), len(mine))
-        for i, event in enumerate(reversed(events)):
-            per_op[mine[len(mine) - 1 - i % len(mine)]].append(event[1] * 1e-6)
+        if mine:
+            for op, launches in launches_by_op(events, mine).items():
+                per_op[op] = [event[1] * 1e-6 for event in reversed(launches)]  # newest first
     for op, paired in PAIRED_KERNELS.items():
         if op in per_op:
             events = [k for k in kernels if is_our_kernel(k[2], paired)
