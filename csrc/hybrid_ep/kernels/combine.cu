@@ -5,12 +5,12 @@
 //                  ranks that received the token (this rank's own copies, inside one domain,
 //                  from the caller's input) into consecutive stages of a shared-memory ring;
 //   reduce warps : each owns every kReduceWarps-th piece of a chunk; once all copies of its
-//                  piece are in, it adds them in fp32 (ascending local rank, as the reference
-//                  does) into the last copy's stage as BF16, hands the other stages back,
-//                  bulk-stores that stage to the output, writes the routed-back probs (first
-//                  piece, loaded by the lanes), and hands the last stage back.
-// Output rows leave by TMA, not by per-lane global stores: on one rank that alone made the
-// kernel 2.5x faster (468 -> 185 us, 8 SMs), the stores of a warp being the bottleneck.
+//                  piece are in, its lanes add them in fp32 (ascending local rank, as the
+//                  reference does) and store the BF16 sum to the output, the warp hands the
+//                  stages back and writes the routed-back probs (first piece, loaded by the
+//                  lanes). A piece with a single BF16 copy leaves by one TMA bulk store of its
+//                  stage instead: the lanes never touch it (on one rank, where every token has
+//                  one copy, that made the kernel 2.5x faster than lane stores: 468 -> 185 us).
 // With several domains (`partial`) the sums stay fp32 and go to the partials region, for every
 // forwarded token; kernels/combine_network.cu then exchanges and adds them.
 // Runs after a domain barrier that guarantees every peer's combine buffer is filled; fused with
@@ -249,32 +249,30 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       }
       if (probs_here && fused) early_prob = copy_prob(p, rows, lane, prob_row);
       const int64_t out_at = int64_t(t) * p.hidden + int64_t(piece) * piece_cols;
-      bool stored = false;  // a bulk store reads the last stage
-      if (p.partial) {      // several domains: the unrounded fp32 sum, by the lanes
+      // A single BF16 copy is its own sum: the TMA stores its stage as it is, and the warp holds
+      // that stage until the store has read it.
+      const bool by_tma = !p.partial && copies == 1 && !p.fp32_input;
+      if (p.partial) {  // several domains: the unrounded fp32 sum
         sum_to_fp32(st, copies, vectors, p.fp32_input, p.partials + out_at, lane);
-      } else {
-        // One BF16 copy is its own sum: it is stored as it is.
-        if (copies > 1 || (copies == 1 && p.fp32_input)) {
-          sum_into_last(st, copies, vectors, p.fp32_input, lane);
-        }
-        if (copies == 0) {  // no rank received the token: its sum is zero
-          for (int v = lane; v < vectors; v += 32) {
-            reinterpret_cast<uint4*>(p.out + out_at)[v] = make_uint4(0, 0, 0, 0);
-          }
-        }
-        __syncwarp();  // the sum is in the last stage; the other stages are no longer read
-        stored = copies > 0;
-        if (stored && lane == 0) {
-          ptx::bulk_store(p.out + out_at, st.at(copies - 1), piece_cols * 2);
+      } else if (by_tma) {
+        if (lane == 0) {
+          ptx::bulk_store(p.out + out_at, st.at(0), piece_cols * 2);
           ptx::bulk_commit();
         }
+      } else if (copies > 0) {
+        sum_to_output(st, copies, vectors, p.fp32_input, reinterpret_cast<uint4*>(p.out + out_at),
+                      lane);
+      } else {  // no rank received the token: its sum is zero
+        for (int v = lane; v < vectors; v += 32) {
+          reinterpret_cast<uint4*>(p.out + out_at)[v] = make_uint4(0, 0, 0, 0);
+        }
       }
-      if (lane == 0) release_stages(ring, st.first, 0, copies - 1);
+      __syncwarp();  // every lane is done reading the stages
+      if (lane == 0) release_stages(ring, st.first, 0, by_tma ? 0 : copies);
       if (probs_here) write_probs(p, rows, t, early_prob, lane, 32);
-      __syncwarp();
-      if (lane == 0 && copies > 0) {
-        if (stored) ptx::bulk_wait_read<0>();  // the bulk store has read the last stage
-        release_stages(ring, st.first, copies - 1, copies);
+      if (lane == 0 && by_tma) {
+        ptx::bulk_wait_read<0>();  // the bulk store has read the stage
+        release_stages(ring, st.first, 0, 1);
       }
     }
     chunk_item += in_chunk;

@@ -1,7 +1,9 @@
 // The reduce step of the combine kernel: the fp32 sum of a piece's copies (staged in shared
-// memory, ascending local rank, as the reference adds them), written as BF16 over the last
-// copy's stage, so that the older stages go back to the ring first (the loader refills it in
-// order). Lanes own 8-column vectors.
+// memory, ascending local rank, as the reference adds them), rounded to BF16 and stored by the
+// lanes from registers straight to the output. Written back over a stage for a TMA bulk store
+// instead, each sum crossed shared memory twice more (the lanes' write, the store's read: 84
+// instead of 56 KB per token of two BF16 copies), and the warp held the stage until the store
+// had read it. Lanes own 8-column vectors.
 // The copy count is a template parameter up to kMaxUnrolled: a runtime count left the inner
 // loop at about 80 instructions per vector (branches per copy and per input type), and the
 // reduce warps were issue-bound (ncu, 2 ranks x 8 SMs: 15 M instructions for 4,096 tokens).
@@ -10,7 +12,6 @@
 #include <cstdint>
 
 #include "hybrid_ep/kernels/common/bf16.cuh"
-#include "hybrid_ep/kernels/common/ptx.cuh"
 
 namespace hybrid_ep {
 
@@ -35,13 +36,12 @@ struct CopyStages {
   }
 };
 
-// BF16 input: each lane rewrites only the 16 bytes it read.
+// BF16 input.
 template <int K>
-__device__ __forceinline__ void sum_bf16(const CopyStages& st, int vectors, int lane) {
+__device__ __forceinline__ void sum_bf16(const CopyStages& st, int vectors, uint4* out, int lane) {
   const uint4* src[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) src[k] = reinterpret_cast<const uint4*>(st.at(k));
-  uint4* out = reinterpret_cast<uint4*>(st.at(K - 1));
   // More vectors in flight for few copies: the sum holds the stages of the ring.
   constexpr int kUnroll = K <= 4 ? 4 : 2;
 #pragma unroll kUnroll
@@ -59,93 +59,80 @@ __device__ __forceinline__ void sum_bf16(const CopyStages& st, int vectors, int 
   }
 }
 
-// fp32 input: vector v's BF16 lands on bytes another lane read, so a warp-wide sync separates
-// every round's reads from its writes (the loop runs the same rounds on every lane).
+// fp32 input (the unpermute path's rows).
 template <int K>
-__device__ __forceinline__ void sum_fp32(const CopyStages& st, int vectors, int lane) {
+__device__ __forceinline__ void sum_fp32(const CopyStages& st, int vectors, uint4* out, int lane) {
   const float4* src[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) src[k] = reinterpret_cast<const float4*>(st.at(k));
-  uint4* out = reinterpret_cast<uint4*>(st.at(K - 1));
-  for (int base = 0; base < vectors; base += 32) {
-    const int v = base + lane;
+  for (int v = lane; v < vectors; v += 32) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (v < vectors) {
 #pragma unroll
-      for (int k = 0; k < K; ++k) accumulate_fp32(acc, src[k] + 2 * v);
-    }
-    __syncwarp();
-    if (v < vectors) out[v] = to_bf16(acc);
+    for (int k = 0; k < K; ++k) accumulate_fp32(acc, src[k] + 2 * v);
+    out[v] = to_bf16(acc);
   }
 }
 
 // More copies than kMaxUnrolled (more than 8 ranks per domain): the same sums, copy count at
 // run time.
 __device__ __noinline__ void sum_any(const CopyStages& st, int copies, int vectors, bool fp32_input,
-                                     int lane) {
-  uint4* out = reinterpret_cast<uint4*>(st.at(copies - 1));
-  for (int base = 0; base < vectors; base += 32) {
-    const int v = base + lane;
+                                     uint4* out, int lane) {
+  for (int v = lane; v < vectors; v += 32) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (v < vectors) {
-      for (int k = 0; k < copies; ++k) {
-        if (fp32_input) {
-          accumulate_fp32(acc, reinterpret_cast<const float4*>(st.at(k)) + 2 * v);
-        } else {
-          accumulate(acc, reinterpret_cast<const uint4*>(st.at(k))[v]);
-        }
+    for (int k = 0; k < copies; ++k) {
+      if (fp32_input) {
+        accumulate_fp32(acc, reinterpret_cast<const float4*>(st.at(k)) + 2 * v);
+      } else {
+        accumulate(acc, reinterpret_cast<const uint4*>(st.at(k))[v]);
       }
     }
-    __syncwarp();
-    if (v < vectors) out[v] = to_bf16(acc);
+    out[v] = to_bf16(acc);
   }
 }
 
 template <int K>
 __device__ __forceinline__ void sum_fixed(const CopyStages& st, int vectors, bool fp32_input,
-                                          int lane) {
+                                          uint4* out, int lane) {
   if (fp32_input) {
-    sum_fp32<K>(st, vectors, lane);
+    sum_fp32<K>(st, vectors, out, lane);
   } else {
-    sum_bf16<K>(st, vectors, lane);
+    sum_bf16<K>(st, vectors, out, lane);
   }
 }
 
-// The sum of `copies` (>= 1) staged copies into the last one; afterwards the bulk store of
-// that stage (async proxy) sees it.
-__device__ __forceinline__ void sum_into_last(const CopyStages& st, int copies, int vectors,
-                                              bool fp32_input, int lane) {
+// The BF16 sum of `copies` (>= 1) staged copies, stored by the lanes to `out` (global memory).
+__device__ __forceinline__ void sum_to_output(const CopyStages& st, int copies, int vectors,
+                                              bool fp32_input, uint4* out, int lane) {
   switch (copies) {
     case 1:
-      sum_fixed<1>(st, vectors, fp32_input, lane);
+      sum_fixed<1>(st, vectors, fp32_input, out, lane);
       break;
     case 2:
-      sum_fixed<2>(st, vectors, fp32_input, lane);
+      sum_fixed<2>(st, vectors, fp32_input, out, lane);
       break;
     case 3:
-      sum_fixed<3>(st, vectors, fp32_input, lane);
+      sum_fixed<3>(st, vectors, fp32_input, out, lane);
       break;
     case 4:
-      sum_fixed<4>(st, vectors, fp32_input, lane);
+      sum_fixed<4>(st, vectors, fp32_input, out, lane);
       break;
     case 5:
-      sum_fixed<5>(st, vectors, fp32_input, lane);
+      sum_fixed<5>(st, vectors, fp32_input, out, lane);
       break;
     case 6:
-      sum_fixed<6>(st, vectors, fp32_input, lane);
+      sum_fixed<6>(st, vectors, fp32_input, out, lane);
       break;
     case 7:
-      sum_fixed<7>(st, vectors, fp32_input, lane);
+      sum_fixed<7>(st, vectors, fp32_input, out, lane);
       break;
     case 8:
-      sum_fixed<8>(st, vectors, fp32_input, lane);
+      sum_fixed<8>(st, vectors, fp32_input, out, lane);
       break;
     default:
-      sum_any(st, copies, vectors, fp32_input, lane);
+      sum_any(st, copies, vectors, fp32_input, out, lane);
       break;
   }
   static_assert(kMaxUnrolled == 8, "the switch above unrolls up to 8 copies");
-  ptx::fence_proxy_async_shared();
 }
 
 // Partial sums (several domains): the fp32 sum of `copies` (>= 0) staged copies, unrounded,
