@@ -146,18 +146,26 @@ __device__ __forceinline__ ProbsRow probs_row(const CombineParams& p) {
   return {p.prob_cols * p.domain.nodes, p.domain.node_rank * p.prob_cols};
 }
 
-// The prob of column `col` of a token from the staged probs of the rank owning it (global
-// load), or 0 when that rank did not receive the token. Columns of other domains are 0.
-__device__ __forceinline__ float copy_prob(const CombineParams& p, const int32_t* rows, int col,
-                                           ProbsRow row) {
+// Where column `col` of a token's probs row comes from: the rank of this domain owning it and
+// that rank's staged probs (`src` null for columns of other domains or past the row: always 0).
+struct ProbSource {
+  const float* src;
+  int rank, local;
+};
+
+__device__ __forceinline__ ProbSource prob_source(const CombineParams& p, int col, ProbsRow row) {
   const int local = col - row.base;
-  if (col >= row.width || local < 0 || local >= p.prob_cols) return 0.f;
-  const int E = p.experts_per_rank;
-  const int j = local / E;
-  if (rows[j] < 0) return 0.f;
-  const float* src = staged_probs(p, j);
+  if (col >= row.width || local < 0 || local >= p.prob_cols) return {nullptr, 0, 0};
+  const int j = local / p.experts_per_rank;
+  return {staged_probs(p, j), j, local};
+}
+
+// The prob of a token from `from`, or 0 when the owning rank did not receive the token.
+__device__ __forceinline__ float load_prob(const CombineParams& p, const ProbSource& from,
+                                           const int32_t* rows) {
+  if (from.src == nullptr || rows[from.rank] < 0) return 0.f;
   // From L2: written by another process (fused: during this kernel), never cached here.
-  return __ldcg(src + int64_t(rows[j]) * p.prob_cols + local);
+  return __ldcg(from.src + int64_t(rows[from.rank]) * p.prob_cols + from.local);
 }
 
 // The probs row of token t: each receiving rank's own E columns, zeros elsewhere.
@@ -167,7 +175,7 @@ __device__ __forceinline__ void write_probs(const CombineParams& p, const int32_
   const ProbsRow row = probs_row(p);
   float* dst = (p.partial ? p.partial_probs : p.out_probs) + int64_t(t) * row.width;
   for (int col = thread; col < row.width; col += threads) {
-    dst[col] = col == thread ? early_prob : copy_prob(p, rows, col, row);
+    dst[col] = col == thread ? early_prob : load_prob(p, prob_source(p, col, row), rows);
   }
 }
 
@@ -203,10 +211,16 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
   constexpr int kReduceThreads = 32 * kReduceWarps;
   const int piece_cols = p.hidden / p.pieces;
   const int vectors = piece_cols / 8;
-  const ProbsRow prob_row = probs_row(p);
   const bool with_probs = (p.partial ? p.partial_probs : p.out_probs) != nullptr;
+  // This lane's column of the probs row, found once: per token, the division and the peer
+  // table's global load sat in the chain every warp ran before waiting for its copies (ncu).
+  const ProbSource lane_prob = prob_source(p, lane, probs_row(p));
   const int thread = warp * 32 + lane;
   uint32_t chunk_item = 0;  // ring position of the chunk's first copy
+  // The stage and parity of ring item `pos_item`, moved forward from unit to unit (a division
+  // per unit was another link of that chain).
+  RingPos pos{0, 0};
+  uint32_t pos_item = 0;
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
   for (int c = blockIdx.x; c < chunks; c += p.combine_blocks) {
     const int first = c * p.chunk;
@@ -219,7 +233,7 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
     const uint32_t in_chunk = uint32_t(ring.starts[last - first]) * p.pieces;
     // The loader's order: token by token, each token's pieces, each piece's copies.
     for (int unit = warp; unit < (last - first) * p.pieces; unit += kReduceWarps) {
-      const int at = unit / p.pieces;  // the token's index in the chunk
+      const int at = p.pieces == 1 ? unit : unit / p.pieces;  // the token's index in the chunk
       const int piece = unit - at * p.pieces;
       const int t = first + at;
       const int copies = ring.starts[at + 1] - ring.starts[at];
@@ -234,10 +248,11 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       // Issue this lane's prob load before waiting, to hide it; fused with unpermute, only
       // after the waits (the loader's flag wait precedes its loads).
       const bool fused = p.unpermute_blocks > 0;
-      float early_prob = probs_here && !fused ? copy_prob(p, rows, lane, prob_row) : 0.f;
-      const RingPos at_first = RingPos::of(item, ring.stages);
-      const CopyStages st{ring.rows, ring.stride, ring.stages, at_first.stage};
-      const uint32_t parity = at_first.phase;
+      float early_prob = probs_here && !fused ? load_prob(p, lane_prob, rows) : 0.f;
+      pos.advance_far(item - pos_item, ring.stages);
+      pos_item = item;
+      const CopyStages st{ring.rows, ring.stride, ring.stages, pos.stage};
+      const uint32_t parity = pos.phase;
       if (copies > 0) {
         // Back off while waiting, so waiting warps leave the shared-memory pipe to others.
         while (*static_cast<volatile uint32_t*>(ring.issued) < item + copies) __nanosleep(32);
@@ -247,7 +262,7 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
         ptx::mbar_wait(&ring.full[s < ring.stages ? s : s - ring.stages],
                        s < ring.stages ? parity : parity ^ 1);
       }
-      if (probs_here && fused) early_prob = copy_prob(p, rows, lane, prob_row);
+      if (probs_here && fused) early_prob = load_prob(p, lane_prob, rows);
       const int64_t out_at = int64_t(t) * p.hidden + int64_t(piece) * piece_cols;
       // A single BF16 copy is its own sum: the TMA stores its stage as it is, and the warp holds
       // that stage until the store has read it.

@@ -42,8 +42,10 @@ __device__ __forceinline__ void sum_bf16(const CopyStages& st, int vectors, uint
   const uint4* src[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) src[k] = reinterpret_cast<const uint4*>(st.at(k));
-  // More vectors in flight for few copies: the sum holds the stages of the ring.
-  constexpr int kUnroll = K <= 4 ? 4 : 2;
+  // More vectors in flight for few copies: the sum holds the stages of the ring. Two copies:
+  // 7 rounds of 32 lanes cover a 7168-column row in four passes, each of whose shared-memory
+  // loads waits behind the TMA's writes.
+  constexpr int kUnroll = K <= 2 ? 7 : (K <= 4 ? 4 : 2);
 #pragma unroll kUnroll
   for (int v = lane; v < vectors; v += 32) {
     if constexpr (K == 2) {
@@ -75,7 +77,7 @@ __device__ __forceinline__ void sum_fp32(const CopyStages& st, int vectors, uint
 
 // More copies than kMaxUnrolled (more than 8 ranks per domain): the same sums, copy count at
 // run time.
-__device__ __noinline__ void sum_any(const CopyStages& st, int copies, int vectors, bool fp32_input,
+__device__ __noinline__ void sum_any(CopyStages st, int copies, int vectors, bool fp32_input,
                                      uint4* out, int lane) {
   for (int v = lane; v < vectors; v += 32) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -137,8 +139,8 @@ __device__ __forceinline__ void sum_to_output(const CopyStages& st, int copies, 
 
 // Partial sums (several domains): the fp32 sum of `copies` (>= 0) staged copies, unrounded,
 // straight to global memory (the BF16 rounding comes after the other domains' partials).
-__device__ __noinline__ void sum_to_fp32(const CopyStages& st, int copies, int vectors,
-                                         bool fp32_input, float* dst, int lane) {
+__device__ __noinline__ void sum_to_fp32(CopyStages st, int copies, int vectors, bool fp32_input,
+                                         float* dst, int lane) {
   for (int v = lane; v < vectors; v += 32) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < copies; ++k) {

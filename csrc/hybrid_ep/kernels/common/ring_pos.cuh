@@ -23,6 +23,11 @@ struct RingPos {
       phase ^= 1;
     }
   }
+  // Any number of items on: a loop of whole rounds, for steps of about a round or two.
+  __device__ void advance_far(uint32_t step, int stages) {
+    for (; step >= uint32_t(stages); step -= uint32_t(stages)) phase ^= 1u;
+    advance(int(step), stages);
+  }
 };
 
 // Items are dealt round-robin to `warps` consumers: how far from absolute item `item` the next
