@@ -2,8 +2,9 @@
 // memory, ascending local rank, as the reference adds them), rounded to BF16 and stored by the
 // lanes from registers straight to the output. Written back over a stage for a TMA bulk store
 // instead, each sum crossed shared memory twice more (the lanes' write, the store's read: 84
-// instead of 56 KB per token of two BF16 copies), and the warp held the stage until the store
-// had read it. Lanes own 8-column vectors.
+// instead of 56 KB per token of two BF16 copies) and the warp held the stage until the store
+// had read it; dropping that gained only ~1% at 2 ranks x 8 SMs (246.9 -> 243.3 us), so
+// shared memory was not what bounded the kernel there. Lanes own 8-column vectors.
 // The copy count is a template parameter up to kMaxUnrolled: a runtime count left the inner
 // loop at about 80 instructions per vector (branches per copy and per input type), and the
 // reduce warps were issue-bound (ncu, 2 ranks x 8 SMs: 15 M instructions for 4,096 tokens).
