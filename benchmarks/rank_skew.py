@@ -63,11 +63,16 @@ def skew_rows(ranks: dict[int, list[dict]], ops: dict[str, list[str]] | None = N
     """One row per kernel of ours, or per op for a kernel that several ops of a step launch
     (``ops``: kernel -> the step's ops in launch order)."""
     ops = ops or {}
-    names = {short_name(k["name"]) for ks in ranks.values() for k in ks if "hybrid_ep" in k["name"]}
+    by_name = []  # per rank: our kernels grouped by short name, in launch order
+    for ks in ranks.values():
+        groups: dict[str, list[dict]] = {}
+        for k in ks:
+            if "hybrid_ep" in k["name"]:
+                groups.setdefault(short_name(k["name"]), []).append(k)
+        by_name.append(groups)
     rows = []
-    for name in sorted(names):
-        per_rank = [[k for k in ks if "hybrid_ep" in k["name"] and short_name(k["name"]) == name]
-                    for ks in ranks.values()]
+    for name in sorted({n for groups in by_name for n in groups}):
+        per_rank = [groups.get(name, []) for groups in by_name]
         step_ops = ops.get(name) or [name]
         split = [launches_by_op(p, step_ops) for p in per_rank]
         for op in step_ops:
