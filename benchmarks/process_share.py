@@ -7,7 +7,9 @@ token) on its share of the SMs, all processes at once, into
 - ``local``: its own memory;
 - ``peer``: the next rank's memory, opened through CUDA IPC;
 - ``spread``: copy j into rank (rank + j)'s memory, as the dispatch writes a token's copies
-  into several ranks' buffers (k <= 8);
+  into several ranks' buffers (k <= 8), at region j there;
+- ``by_source`` (k = ranks): the same destinations, at region ``rank`` in each, as the dispatch's
+  receive buffers order rows by source: a row's copies land at one offset of every buffer;
 and, for comparison, one process does the work of all W with all their SMs (``one process``).
 
     python3 benchmarks/process_share.py --out OUT.md [--ranks 1 4 8] [--sms 128] [--k 5]
@@ -70,20 +72,31 @@ def rank_main(rank: int, world: int, args, port: int, results) -> None:
     src = torch.randint(0, 256, (region,), dtype=torch.uint8, device="cuda")
     # --spare-gb: memory allocated (and mapped by every peer) beside the copies, never touched
     spare = int(args.spare_gb * 2**30)
-    dst = torch.empty(k * region + spare, dtype=torch.uint8, device="cuda")
+    # by-source (k == world only) writes region `rank` of every rank: world regions
+    regions = max(k, world) if k == world else k
+    dst = torch.empty(regions * region + spare, dtype=torch.uint8, device="cuda")
     handles = [None] * world
     dist.all_gather_object(handles, reduce_tensor(dst))
     bases = [dst if p == rank else handles[p][0](*handles[p][1]) for p in range(world)]
     # spread: copy j into rank (rank + j)'s region j, as a dispatch writes each token's copies
     # into several ranks' buffers; no two ranks write the same region.
     spread = [bases[(rank + j) % world].data_ptr() + j * region for j in range(k)]
+    # by-source: the same destinations, but every rank writes its own region, `rank`, in each
+    # of them, as the dispatch's receive buffers hold the sources' rows in source order: a
+    # row's copies then land at the same offset of every destination buffer.
+    by_source = [bases[(rank + j) % world].data_ptr() + rank * region for j in range(k)]
     cases = {
         "local": partial(copy_rows, src, dst, rows, args, blocks),
         "peer": partial(copy_rows, src, bases[(rank + 1) % world], rows, args, blocks),
-        "spread": partial(copy_rows, src, dst, rows, args, blocks, spread),
+        "by_source": partial(copy_rows, src, dst, rows, args, blocks, by_source),
+        "spread": partial(copy_rows, src, dst, rows, args, blocks, spread),  # last: checked
     }
+    if k != world:
+        del cases["by_source"]
     moved = world * region * (k + 1) * args.iters
     out = {name: moved / concurrent_seconds(fn, args.iters) for name, fn in cases.items()}
+    out.setdefault("by_source", float("nan"))
+    out = {name: out[name] for name in ("local", "peer", "by_source", "spread")}
     # After the last (spread) copies, region j of this rank holds rank (rank - j)'s rows:
     # compare every 97th row.
     firsts = [None] * world
@@ -146,8 +159,9 @@ def main() -> None:
              f"roofline {roofline / 1e9:.0f} GB/s")
     head = ("| processes x blocks | one process, all the work (GB/s, of roofline) | "
             "each its own memory | each into the next rank's (CUDA IPC) | "
-            f"copy j into rank + j, j < {args.k} | copied rows right |")
-    lines = [title, "", head, "|---|---|---|---|---|---|"]
+            "the same, each rank's copies at its own region (source order; k = ranks only) | "
+            f"copy j into rank + j's region j, j < {args.k} | copied rows right |")
+    lines = [title, "", head, "|---|---|---|---|---|---|---|"]
     while not results.empty():
         world, blocks, out, ok = results.get()
         cells = [f"{b / 1e9:.0f} ({b / roofline:.2f})"
