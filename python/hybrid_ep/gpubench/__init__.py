@@ -13,8 +13,9 @@ Two regimes (DESIGN.md section 8; defaults of ``--device cuda``):
 Every configuration runs in its own set of spawned processes (one per rank, rank r on GPU
 r % device_count, gloo group). Per rank and operation it records:
 
-- API time: the whole Python call, from an idle GPU (after a host barrier that starts the
-  ranks together; a lone rank has none) to ``torch.cuda.synchronize()``;
+- API time: the whole Python call, from an idle GPU to ``torch.cuda.synchronize()``, several
+  ranks starting at one instant of the host's monotonic clock that they agree on first (a
+  lone rank needs none);
 - kernel-only time: the device time of the operation's core kernel (``dispatch_kernel`` or
   ``combine_kernel``) from ``torch.profiler``, in a separate pass (the profiler is off while API
   times are taken);

@@ -87,7 +87,8 @@ def format_regime(cfg: GpuBenchConfig, env: dict, regime: str, runs: list[dict])
          "unpermute_kernel for the permute pair; the fused ops are the one dispatch_kernel / "
          "combine_kernel grid with its permute / unpermute blocks; torch.profiler, separate "
          "pass); API: "
-         "whole Python call after a host barrier, to torch.cuda.synchronize()."),
+         "whole Python call, the ranks starting at one agreed instant, to "
+         "torch.cuda.synchronize()."),
         ("- HBM traffic/SM: bytes the kernels must read and write once (rows, probs, FP8 "
          "scales) / kernel time, summed over the ranks on a GPU, / (SMs per rank x ranks on "
          "it); roofline fraction: that sum / the HBM roofline."),

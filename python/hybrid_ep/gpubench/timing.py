@@ -11,17 +11,37 @@ import torch.distributed as dist
 
 from .config import ROOFLINE_BYTES
 
-
 # ---- measurement helpers ------------------------------------------------------------------------
+# Margin between the ranks agreeing on a start instant and that instant: more than the spread
+# of their exits from the agreeing all-reduce (gloo exits were up to ~200 us apart on the H200
+# host, benchmarks/results/2026-11-30-side-lanes.md).
+START_MARGIN_S = 5e-3
+
+
+def common_start(group) -> float:
+    """An instant, on this host's monotonic clock, at which every rank of ``group`` starts:
+    each rank spins until it. The bench's ranks are local processes, whose ``perf_counter``
+    (CLOCK_MONOTONIC on Linux) is one clock; a barrier alone let each rank's timer start when
+    it left the barrier, and a rank leaving first counted its wait for the last one's launch
+    in its call's time."""
+    now = torch.tensor([time.perf_counter()], dtype=torch.float64)
+    dist.all_reduce(now, op=dist.ReduceOp.MAX, group=group)
+    start = float(now.item()) + START_MARGIN_S
+    while time.perf_counter() < start:
+        pass
+    return start
+
+
 def time_call(fn, group):
-    """Wall time of ``fn`` from an idle GPU until its work is done. Several ranks start
-    together (a barrier first); a lone rank skips it, which cost ~10 us of the next call's host
-    time on the H200 host (benchmarks/results/2026-11-30-own-rows.md), a wake-up that no caller
-    of the API pays."""
+    """Wall time of ``fn`` from an idle GPU until its work is done. Several ranks start at one
+    instant (common_start); a lone rank needs no agreement, and skips it: a barrier before
+    its call had cost ~10 us of the next call's host time on the H200 host
+    (benchmarks/results/2026-11-30-own-rows.md), a wake-up that no caller of the API pays."""
     torch.cuda.synchronize()
     if dist.get_world_size(group) > 1:
-        dist.barrier(group)
-    start = time.perf_counter()
+        start = common_start(group)
+    else:
+        start = time.perf_counter()
     result = fn()
     torch.cuda.synchronize()
     return result, time.perf_counter() - start
