@@ -30,6 +30,8 @@ from hybrid_ep.gpubench.spawn import run_ranks
 from hybrid_ep.gpubench.timing import common_start
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
+SLOW_HOST_US = 10.0  # host runtime calls at least this long are listed
 TIMED = ("dispatch_bf16", "dispatch_fp8", "combine_bf16")
 
 
@@ -41,9 +43,9 @@ class Timeline:
 
 
 def short(name: str) -> str:
-    """A GPU item's name without its template arguments and parameters."""
-    name = name.split("<")[0].split("(")[0].removeprefix("void ")
-    return name.split("::")[-1]
+    """A GPU item's name without its namespaces, template arguments and parameters."""
+    name = name.replace("(anonymous namespace)::", "").removeprefix("void ")
+    return name.split("<")[0].split("(")[0].split("::")[-1]
 
 
 def measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> Timeline:
@@ -79,13 +81,19 @@ def measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> Timeline:
              if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"] in marks}
     gpu = sorted((e["ts"], e["dur"], short(str(e.get("name", "")))) for e in events
                  if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES)
+    host = sorted((e["ts"], e["dur"], str(e.get("name", ""))) for e in events
+                  if e.get("ph") == "X" and e.get("cat") in HOST_CATEGORIES)
     result = Timeline(rank=rank)
     for label, at in sorted(spans.items(), key=lambda kv: kv[1]):
         returned, synced = marks[label]
         end = at + 1e6 * synced
         items = [[name, ts - at, ts + dur - at] for ts, dur, name in gpu if at <= ts < end]
+        calls = [(ts - at, dur, name) for ts, dur, name in host if at <= ts < end]
+        launches = [t for t, _, name in calls if "Launch" in name or "Memcpy" in name]
+        slow = [[name, t, dur] for t, dur, name in calls if dur >= SLOW_HOST_US]
         result.calls.setdefault(label.split("#")[0], []).append(
-            {"returned": 1e6 * returned, "synced": 1e6 * synced, "items": items})
+            {"returned": 1e6 * returned, "synced": 1e6 * synced, "items": items,
+             "first_launch": launches[0] if launches else float("nan"), "slow": slow})
     del bench
     torch.cuda.synchronize()
     dist.barrier(group)
@@ -100,7 +108,17 @@ def summarize(results: list[dict], op: str) -> list[str]:
     common = statistics.mode(names)
     same = [c for c, n in zip(calls, names, strict=True) if n == common]
     med = statistics.median
-    lines = [f"| {OPS[op][0]} | host returns | | {med(c['returned'] for c in calls):.1f} | |"]
+    lines = [(f"| {OPS[op][0]} | host: first launch or copy | "
+             f"{med(c['first_launch'] for c in calls):.1f} | | |"),
+             f"| | host returns | | {med(c['returned'] for c in calls):.1f} | |"]
+    slow = {}
+    for c in calls:
+        for name, t, dur in c["slow"]:
+            slow.setdefault(name, []).append((t, dur))
+    for name, seen in sorted(slow.items(), key=lambda kv: -sum(d for _, d in kv[1])):
+        lines.append(f"| | host {name} >= {SLOW_HOST_US:g} us: {len(seen)} times in "
+                     f"{len(calls)} calls | {med(t for t, _ in seen):.1f} | | "
+                     f"{med(d for _, d in seen):.1f} |")
     for k, name in enumerate(common):
         lines.append(f"| | {name or '(unnamed)'} | {med(c['items'][k][1] for c in same):.1f} | "
                      f"{med(c['items'][k][2] for c in same):.1f} | "
