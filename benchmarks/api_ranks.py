@@ -30,8 +30,8 @@ from hybrid_ep.gpubench.spawn import run_ranks
 from hybrid_ep.gpubench.timing import common_start
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
-SLOW_HOST_US = 10.0  # host runtime calls at least this long are listed
+HOST_CATEGORIES = ("cuda_runtime", "cuda_driver", "cpu_op")
+LISTED_HOST_CALLS = 10  # host calls before the first launch, the ones taking longest
 TIMED = ("dispatch_bf16", "dispatch_fp8", "combine_bf16")
 
 
@@ -90,10 +90,16 @@ def measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> Timeline:
         items = [[name, ts - at, ts + dur - at] for ts, dur, name in gpu if at <= ts < end]
         calls = [(ts - at, dur, name) for ts, dur, name in host if at <= ts < end]
         launches = [t for t, _, name in calls if "Launch" in name or "Memcpy" in name]
-        slow = [[name, t, dur] for t, dur, name in calls if dur >= SLOW_HOST_US]
+        first = launches[0] if launches else float("inf")
+        before = {}  # name -> [count, us] of the host calls that start before the first launch
+        for t, dur, name in calls:
+            if t < first:
+                seen = before.setdefault(name, [0, 0.0])
+                seen[0] += 1
+                seen[1] += dur
         result.calls.setdefault(label.split("#")[0], []).append(
             {"returned": 1e6 * returned, "synced": 1e6 * synced, "items": items,
-             "first_launch": launches[0] if launches else float("nan"), "slow": slow})
+             "first_launch": first if launches else float("nan"), "before": before})
     del bench
     torch.cuda.synchronize()
     dist.barrier(group)
@@ -111,14 +117,16 @@ def summarize(results: list[dict], op: str) -> list[str]:
     lines = [(f"| {OPS[op][0]} | host: first launch or copy | "
              f"{med(c['first_launch'] for c in calls):.1f} | | |"),
              f"| | host returns | | {med(c['returned'] for c in calls):.1f} | |"]
-    slow = {}
+    totals = {}
     for c in calls:
-        for name, t, dur in c["slow"]:
-            slow.setdefault(name, []).append((t, dur))
-    for name, seen in sorted(slow.items(), key=lambda kv: -sum(d for _, d in kv[1])):
-        lines.append(f"| | host {name} >= {SLOW_HOST_US:g} us: {len(seen)} times in "
-                     f"{len(calls)} calls | {med(t for t, _ in seen):.1f} | | "
-                     f"{med(d for _, d in seen):.1f} |")
+        for name, (count, us) in c["before"].items():
+            totals.setdefault(name, []).append((count, us))
+    ranked = sorted(totals.items(), key=lambda kv: -sum(us for _, us in kv[1]))
+    for name, seen in ranked[:LISTED_HOST_CALLS]:
+        missing = [(0, 0.0)] * (len(calls) - len(seen))  # calls without it count as 0
+        lines.append(f"| | before it, host {name}: calls, us (median per call) | "
+                     f"{med(n for n, _ in seen + missing):g} | | "
+                     f"{med(us for _, us in seen + missing):.1f} |")
     for k, name in enumerate(common):
         lines.append(f"| | {name or '(unnamed)'} | {med(c['items'][k][1] for c in same):.1f} | "
                      f"{med(c['items'][k][2] for c in same):.1f} | "
