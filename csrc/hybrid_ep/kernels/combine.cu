@@ -230,12 +230,20 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
   RingPos pos{0, 0};
   uint32_t pos_item = 0;
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
+  const auto fetch = [&](HeldRoutes& held, int c) {
+    if (c >= chunks) return held.clear();
+    held.fetch(p.sparse_to_dense_map, c * p.chunk, min((c + 1) * p.chunk, p.num_tokens),
+               p.domain.ranks, thread, kReduceThreads);
+  };
+  HeldRoutes next;
+  fetch(next, blockIdx.x);
   for (int c = blockIdx.x; c < chunks; c += p.combine_blocks) {
     const int first = c * p.chunk;
     const int last = min(first + p.chunk, p.num_tokens);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
-    ring.reduce_routes.load(p.sparse_to_dense_map, first, last, thread, kReduceThreads);
+    next.put(ring.reduce_routes, thread, kReduceThreads);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
+    fetch(next, c + p.combine_blocks);
     if (warp == 0) count_chunk_copies(ring, last - first, lane);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
     const uint32_t in_chunk = uint32_t(ring.starts[last - first]) * p.pieces;

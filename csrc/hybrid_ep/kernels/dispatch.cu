@@ -350,6 +350,19 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
   int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
   int ordinal = 0;         // of the block's chunk
   UncountedChunk uncounted;
+  // Chunk c of the domain at `step` (walked as below), or nothing past the last one.
+  const auto fetch = [&](HeldRoutes& held, int step, int c) {
+    if (c >= p.max_chunks) {  // the next domain's first chunk of this block
+      ++step;
+      c = blockIdx.x;
+    }
+    if (step >= d.nodes || c >= p.max_chunks) return held.clear();
+    const int node = domain_at(p, step);
+    const ChunkRange r = chunk_range(p, node, c);
+    held.fetch(row_source(p, node).routes, r.first, r.last, d.ranks, thread, 32 * kStoreWarps);
+  };
+  HeldRoutes next;
+  fetch(next, 0, blockIdx.x);
   for (int step = 0; step < d.nodes; ++step) {
     const int node = domain_at(p, step);
     const RowSource src = row_source(p, node);
@@ -357,8 +370,9 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
     for (int c = blockIdx.x; c < p.max_chunks; c += p.dispatch_blocks) {
       const ChunkRange r = chunk_range(p, node, c);
       ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);  // done with the previous routes
-      s.store_routes.load(src.routes, r.first, r.last, thread, 32 * kStoreWarps);
+      next.put(s.store_routes, thread, 32 * kStoreWarps);
       ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
+      fetch(next, step, c + p.dispatch_blocks);
       bool stored = false;  // by this warp, of this chunk
       const int tokens = r.last - r.first;
       for (int base = 0; base < tokens; base += 32) {
