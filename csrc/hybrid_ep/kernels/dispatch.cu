@@ -26,8 +26,8 @@
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
+#include "hybrid_ep/kernels/dispatch_network.cuh"
 #include "hybrid_ep/kernels/dispatch_permute.cuh"
-#include "hybrid_ep/kernels/network_send.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 
@@ -452,41 +452,6 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
   return item;
 }
 
-// Network warp `w` (several domains): its share of this block's (chunk, other domain) pairs,
-// the runs of this rank's tokens of the chunk that go to that domain's peer, on channel
-// blockIdx.x % channels.
-__device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, int lane) {
-  const DomainView& d = p.domain;
-  const int T = p.max_tokens;
-  const int tokens = min(p.num_tokens, T);
-  const int channel = blockIdx.x % p.channels;
-  const size_t tile = size_t(d.node_rank) * T;  // where this rank's tokens land at a peer
-  const int others = d.nodes - 1;
-  const int my_chunks =
-      (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
-  for (int pair = w; pair < my_chunks * others; pair += kNetworkWarps) {
-    const int c = blockIdx.x + (pair / others) * p.dispatch_blocks;
-    const int first = min(c * p.chunk, T), last = min(first + p.chunk, T);
-    const int k = pair % others;
-    const int node = other_domain(k, d.node_rank);
-    const bool* goes = p.attn_to_rdma_map + k;
-    const auto selected = [&](int t) { return t < tokens && goes[int64_t(t) * others]; };
-    const NetTensor tensors[kMaxNetTensors] = {
-        {p.net_hidden, p.net_rows + tile * p.row_bytes, p.row_bytes},
-        {reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),
-         p.net_probs + tile * p.prob_cols * sizeof(float),
-         p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0},
-        {reinterpret_cast<const uint8_t*>(p.net_scales_src),
-         p.net_scales + tile * p.scale_cols * sizeof(float),
-         p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0}};
-    const size_t flag =
-        p.network_flags + sizeof(uint64_t) * (size_t(d.node_rank) * p.max_chunks + c);
-    send_chunk(p.transport, channel, node, selected, first, last, tensors, flag, runs, lane);
-  }
-  // The sources (this call's rows) may be reused once the kernel ends.
-  TransportDevice::flush(p.transport, channel, lane);
-}
-
 // All threads: wait for every chunk this block receives (chunk c of every local rank).
 __device__ void wait_incoming(const DispatchParams& p) {
   const DomainView& d = p.domain;
@@ -545,7 +510,8 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
       ring_items = load_rows(p, s, lane);
     } else if (warp >= kFirstNetworkWarp) {
       const int w = warp - kFirstNetworkWarp;
-      if (p.domain.nodes > 1) send_own_chunks(p, s.runs + w * Smem::run_count(p.chunk), w, lane);
+      if (p.domain.nodes > 1)
+        send_own_chunks(p, s.runs + w * Smem::run_count(p.chunk), w, kNetworkWarps, lane);
     } else {
       ring_items = store_rows(p, s, warp - 1, lane);
     }
