@@ -72,9 +72,7 @@ def rank_main(rank: int, world: int, args, port: int, results) -> None:
     src = torch.randint(0, 256, (region,), dtype=torch.uint8, device="cuda")
     # --spare-gb: memory allocated (and mapped by every peer) beside the copies, never touched
     spare = int(args.spare_gb * 2**30)
-    # by-source (k == world only) writes region `rank` of every rank: world regions
-    regions = max(k, world) if k == world else k
-    dst = torch.empty(regions * region + spare, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(k * region + spare, dtype=torch.uint8, device="cuda")
     handles = [None] * world
     dist.all_gather_object(handles, reduce_tensor(dst))
     bases = [dst if p == rank else handles[p][0](*handles[p][1]) for p in range(world)]

@@ -33,8 +33,8 @@ namespace {
 
 // Six: with two-copy tokens the ring holds 8 of them, so 8 warps each waited for its next
 // token's loads to be issued and land after its sum; with fewer, a warp's next token is often in
-// already. 2 ranks x 8 SMs (the same run, c94b0a8/711bcfe): 4 warps 251.5 us, 5 236.4, 6 233.5,
-// 7 233.0, 8 237.9; one rank 159.0-165.0, 6 the fastest.
+// already. 2 ranks x 8 SMs (benchmarks/results/2026-12-01-held-routes.md): 4 warps 251.5 us,
+// 5 236.4, 6 233.5, 7 233.0, 8 237.9; one rank 159.0-165.0, 6 the fastest.
 constexpr int kReduceWarps = 6;
 // The block keeps 9 warps: fused with unpermute, every warp unpermutes first (with 7, the fused
 // op took 248 instead of 216 us at one rank, 1116 instead of 890 at two); the two past the

@@ -510,8 +510,9 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
       ring_items = load_rows(p, s, lane);
     } else if (warp >= kFirstNetworkWarp) {
       const int w = warp - kFirstNetworkWarp;
-      if (p.domain.nodes > 1)
+      if (p.domain.nodes > 1) {
         send_own_chunks(p, s.runs + w * Smem::run_count(p.chunk), w, kNetworkWarps, lane);
+      }
     } else {
       ring_items = store_rows(p, s, warp - 1, lane);
     }
