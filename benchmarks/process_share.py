@@ -86,15 +86,12 @@ def rank_main(rank: int, world: int, args, port: int, results) -> None:
     cases = {
         "local": partial(copy_rows, src, dst, rows, args, blocks),
         "peer": partial(copy_rows, src, bases[(rank + 1) % world], rows, args, blocks),
-        "by_source": partial(copy_rows, src, dst, rows, args, blocks, by_source),
-        "spread": partial(copy_rows, src, dst, rows, args, blocks, spread),  # last: checked
     }
-    if k != world:
-        del cases["by_source"]
+    if k == world:
+        cases["by_source"] = partial(copy_rows, src, dst, rows, args, blocks, by_source)
+    cases["spread"] = partial(copy_rows, src, dst, rows, args, blocks, spread)  # last: checked
     moved = world * region * (k + 1) * args.iters
     out = {name: moved / concurrent_seconds(fn, args.iters) for name, fn in cases.items()}
-    out.setdefault("by_source", float("nan"))
-    out = {name: out[name] for name in ("local", "peer", "by_source", "spread")}
     # After the last (spread) copies, region j of this rank holds rank (rank - j)'s rows:
     # compare every 97th row.
     firsts = [None] * world
@@ -163,7 +160,8 @@ def main() -> None:
     while not results.empty():
         world, blocks, out, ok = results.get()
         cells = [f"{b / 1e9:.0f} ({b / roofline:.2f})"
-                 for b in (singles[world], *out.values())]
+                 for b in (singles[world], out["local"], out["peer"],
+                           out.get("by_source", float("nan")), out["spread"])]
         lines.append(f"| {world} x {blocks} | " + " | ".join(cells) + f" | {ok} |")
     write_report(args.out, lines)
 
