@@ -17,13 +17,16 @@ and, for comparison, one process does the work of all W with all their SMs (``on
 Ranks sharing the GPU need MPS (started by the caller, as for rank_sweep.py). Bandwidth is the
 bytes all processes move (rows x row bytes x (k + 1) each) over the wall time from a common
 start to the last one's finish, `--iters` copies back to back, against the 1:1 copy roofline
-measured first by one process alone.
+measured first by one process alone. With ``--per-call`` every copy is timed on its own instead,
+as the benchmark times a dispatch: all ranks start it at one instant, and the slowest rank's
+time counts (median over the copies).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from functools import partial
 
@@ -35,7 +38,7 @@ from torch.multiprocessing.reductions import reduce_tensor
 
 from hybrid_ep import native
 from hybrid_ep.gpubench.config import GpuBenchConfig
-from hybrid_ep.gpubench.timing import measure_roofline
+from hybrid_ep.gpubench.timing import measure_roofline, time_call
 
 # One variant of the copy kernel that reaches the per-SM ceiling with 14 KB rows (config.py).
 IN_FLIGHT, STORE_LANES, RELEASE_EVERY = 1, 2, 1
@@ -60,6 +63,18 @@ def concurrent_seconds(fn, iters: int) -> float:
     torch.cuda.synchronize()
     dist.barrier()
     return time.perf_counter() - start
+
+
+def per_call_seconds(fn, iters: int) -> float:
+    """Median over `iters` calls of the slowest rank's time from a common start to its finish
+    (the benchmark's timing of one collective call)."""
+    fn()
+    times = []
+    for _ in range(iters):
+        seconds = torch.tensor([time_call(fn, dist.group.WORLD)[1]])
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        times.append(float(seconds))
+    return statistics.median(times)
 
 
 def rank_main(rank: int, world: int, args, port: int, results) -> None:
@@ -90,8 +105,12 @@ def rank_main(rank: int, world: int, args, port: int, results) -> None:
     if k == world:
         cases["by_source"] = partial(copy_rows, src, dst, rows, args, blocks, by_source)
     cases["spread"] = partial(copy_rows, src, dst, rows, args, blocks, spread)  # last: checked
-    moved = world * region * (k + 1) * args.iters
-    out = {name: moved / concurrent_seconds(fn, args.iters) for name, fn in cases.items()}
+    if args.per_call:
+        moved = world * region * (k + 1)
+        out = {name: moved / per_call_seconds(fn, args.iters) for name, fn in cases.items()}
+    else:
+        moved = world * region * (k + 1) * args.iters
+        out = {name: moved / concurrent_seconds(fn, args.iters) for name, fn in cases.items()}
     # After the last (spread) copies, region j of this rank holds rank (rank - j)'s rows:
     # compare every 97th row.
     firsts = [None] * world
@@ -138,6 +157,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--spare-gb", type=float, default=0.0,
                     help="untouched memory in each process's shared allocation (mapped by all)")
+    ap.add_argument("--per-call", action="store_true",
+                    help="time each copy alone from a common start (slowest rank, median)")
     args = ap.parse_args()
     torch.cuda.set_device(0)
     roofline = measure_roofline()
@@ -149,7 +170,8 @@ def main() -> None:
                            start_method="spawn")
     title = (f"process_share, commit {commit()}, GPU {torch.cuda.get_device_name(0)}: "
              f"{args.sms} SMs shared by the processes, {args.rows} rows of {args.row_bytes} B "
-             f"per process, 1 load : {args.k} stores per row, {args.iters} copies, "
+             f"per process, 1 load : {args.k} stores per row, {args.iters} copies "
+             f"({'each timed alone' if args.per_call else 'back to back'}), "
              f"{args.spare_gb} GiB spare per allocation; 1:1 copy "
              f"roofline {roofline / 1e9:.0f} GB/s")
     head = ("| processes x blocks | one process, all the work (GB/s, of roofline) | "
