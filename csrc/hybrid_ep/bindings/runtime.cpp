@@ -109,6 +109,7 @@ void register_runtime(py::module_& m) {
              const BufferLayout& l = r.layout();
              py::dict d;
              d["net_rows"] = l.net_rows;
+             d["dispatch_rows"] = l.dispatch_rows;
              d["network_flags"] = l.network_flags;
              d["combine_rows"] = l.combine_rows;
              d["total"] = l.total;
@@ -121,6 +122,12 @@ void register_runtime(py::module_& m) {
              }
              HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(ptr<uint8_t>(dst), r.registered() + offset, bytes,
                                                   cudaMemcpyDeviceToDevice, stream_of(stream)));
+           })
+      .def("peer_bases",
+           [](const Runtime& r) {
+             std::vector<uintptr_t> v;
+             for (uint8_t* b : r.peer_bases()) v.push_back(reinterpret_cast<uintptr_t>(b));
+             return v;
            })
       .def("registered_bytes", [](const Runtime& r) { return r.layout().total; })
       .def("status", [](const Runtime& r) { return status_dict(r.status()); })

@@ -85,6 +85,8 @@ class Runtime {
   std::vector<ChannelCounters> transport_counters() const { return transport_->counters(); }
   void reset_transport_counters() { transport_->reset_counters(); }
   uint8_t* registered() const { return buffer_->local(); }
+  // This process's address of every local rank's registered buffer (its own included).
+  const std::vector<uint8_t*>& peer_bases() const { return buffer_->peers(); }
   uint64_t* dest_masks() const { return dest_masks_; }
   const PreprocessSummary& host_summary() const { return *host_summary_; }
   PreprocessSummary* device_summary() const { return device_summary_; }  // device address
