@@ -20,6 +20,8 @@ import time
 import torch
 from one_rank import add_problem_args, commit, start, write_report
 
+from hybrid_ep.gpubench.timing import short_kernel_name
+
 PAD = 16
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -66,12 +68,6 @@ def profile(fn, iters: int, trace: str):
     return marks, prof
 
 
-def short(name: str) -> str:
-    """A GPU item's name without its template arguments and parameters."""
-    name = name.split("<")[0].split("(")[0].removeprefix("void ")
-    return name.split("::")[-1]
-
-
 def windows(trace: str, iters: int):
     """Per call: (GPU busy us, gap from call start to first GPU work us, GPU items)."""
     with open(trace) as f:
@@ -89,7 +85,7 @@ def windows(trace: str, iters: int):
         inside = [(ts, dur, name) for ts, dur, name in gpu if lo <= ts < hi]
         busy = sum(dur for _, dur, _ in inside)
         first = (inside[0][0] - lo) if inside else float("nan")
-        out.append((busy, first, [short(name) for _, _, name in inside]))
+        out.append((busy, first, [short_kernel_name(name) for _, _, name in inside]))
     return out
 
 

@@ -27,7 +27,7 @@ from one_rank import commit, write_report
 from hybrid_ep.gpubench.config import OPS, GpuBenchConfig, RunSpec
 from hybrid_ep.gpubench.ranks import _Rank, plan_sharing
 from hybrid_ep.gpubench.spawn import run_ranks
-from hybrid_ep.gpubench.timing import common_start
+from hybrid_ep.gpubench.timing import common_start, short_kernel_name
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver", "cpu_op")
@@ -40,12 +40,6 @@ class Timeline:
     rank: int
     # op -> per call: {"returned", "synced", "items": [[name, start, end], ...]} (us from start)
     calls: dict = field(default_factory=dict)
-
-
-def short(name: str) -> str:
-    """A GPU item's name without its namespaces, template arguments and parameters."""
-    name = name.replace("(anonymous namespace)::", "").removeprefix("void ")
-    return name.split("<")[0].split("(")[0].split("::")[-1]
 
 
 def measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> Timeline:
@@ -79,7 +73,7 @@ def measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> Timeline:
             events = json.load(f)["traceEvents"]
     spans = {e["name"]: e["ts"] for e in events
              if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"] in marks}
-    gpu = sorted((e["ts"], e["dur"], short(str(e.get("name", "")))) for e in events
+    gpu = sorted((e["ts"], e["dur"], short_kernel_name(str(e.get("name", "")))) for e in events
                  if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES)
     host = sorted((e["ts"], e["dur"], str(e.get("name", ""))) for e in events
                   if e.get("ph") == "X" and e.get("cat") in HOST_CATEGORIES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hybrid_ep.gpubench.config import OPS, RankResult
 from hybrid_ep.gpubench.ranks import _assign_kernels
+from hybrid_ep.gpubench.timing import short_kernel_name
 
 NAME = "void hybrid_ep::(anonymous namespace)::{}(hybrid_ep::Params)"
 
@@ -96,3 +97,11 @@ def test_mps_share_does_not_depend_on_the_permute_ops():
     assert alone.sm_percentage is None
     unpartitioned = plan_sharing(GpuBenchConfig(mps_partition=False), RunSpec("hbm", 8, 16), 1, 132)
     assert unpartitioned.sm_percentage is None
+
+
+def test_short_kernel_names_drop_namespaces_templates_and_parameters():
+    assert short_kernel_name(NAME.format("dispatch_kernel")) == "dispatch_kernel"
+    assert short_kernel_name(
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)"
+    ) == "vectorized_elementwise_kernel"
+    assert short_kernel_name("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD"

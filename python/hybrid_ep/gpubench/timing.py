@@ -96,3 +96,11 @@ def kernel_events(trace_path: str) -> list[tuple[float, float, str]]:
 
 def is_our_kernel(name: str, kernel: str) -> bool:
     return kernel in name and "hybrid_ep" in name
+
+
+def short_kernel_name(name: str) -> str:
+    """A GPU item's name without its namespaces (anonymous ones included), template arguments
+    and parameters: ``hybrid_ep::(anonymous namespace)::dispatch_kernel(...)`` ->
+    ``dispatch_kernel``."""
+    name = name.replace("(anonymous namespace)::", "").removeprefix("void ")
+    return name.split("<")[0].split("(")[0].split("::")[-1].strip()
