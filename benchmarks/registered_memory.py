@@ -32,7 +32,7 @@ from process_share import IN_FLIGHT, RELEASE_EVERY, STORE_LANES, concurrent_seco
 from torch.multiprocessing.reductions import reduce_tensor
 
 from hybrid_ep import native
-from hybrid_ep.gpubench.config import GpuBenchConfig, RunSpec, make_routing
+from hybrid_ep.gpubench.config import GpuBenchConfig, RunSpec
 from hybrid_ep.gpubench.ranks import _Rank
 from hybrid_ep.gpubench.spawn import run_ranks
 
@@ -53,9 +53,7 @@ def opened(tensor: torch.Tensor, world: int, rank: int) -> list[torch.Tensor]:
 def measure(cfg: GpuBenchConfig, spec: RunSpec, iters: int, rank: int) -> Bandwidths:
     world, result = spec.ranks, Bandwidths(rank)
     bench = _Rank(cfg, spec, rank)
-    routing_map, probs = make_routing(cfg, bench.experts_total, 0, rank, bench.device)
-    bench.buffer.dispatch(bench.tokens["hidden"], probs=probs, routing_map=routing_map)
-    runtime = bench.buffer._cuda_engine.runtime  # built by the first call
+    runtime = bench.buffer._cuda().runtime  # the CUDA engine, built (collectively) on first use
     offsets, peers = runtime.layout_offsets(), runtime.peer_bases()
     row = cfg.hidden * 2
     region = cfg.tokens * row  # one copy of this rank's rows
