@@ -15,6 +15,8 @@ namespace {
 
 #define HYBRID_EP_CU_CHECK(call) ::hybrid_ep::driver::check((call), #call)
 
+constexpr size_t kIpcPageBytes = size_t(2) << 20;  // the large page cudaMalloc backs big sizes with
+
 CUmemAllocationProp fabric_properties(int device) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -63,6 +65,10 @@ int current_device() {
 
 SymmetricBuffer::SymmetricBuffer(size_t bytes, HandleKind kind) : bytes_(bytes), kind_(kind) {
   if (kind_ == HandleKind::kCudaIpc) {
+    // Peers write through CUDA IPC mappings of this allocation. Measured on H200: when its size
+    // is not a whole number of large pages, writes through those mappings run at half the
+    // bandwidth of local ones (benchmarks/results/2026-12-01-registered-memory.md).
+    bytes_ = (bytes_ + kIpcPageBytes - 1) / kIpcPageBytes * kIpcPageBytes;
     HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&local_), bytes_));
   } else {
     const int device = current_device();
