@@ -9,7 +9,12 @@ stores per row, all ranks at once, into
   registered buffer (the HybridEPBuffer's, opened by the runtime), at this rank's region of
   its dispatch rows / combine rows: where a dispatch writes a token routed to every rank;
 - ``torch, registered size``: a zeroed torch allocation of the registered buffer's size,
-  opened through torch's CUDA IPC, at the dispatch case's offsets.
+  opened through torch's CUDA IPC, at the dispatch case's offsets;
+- ``cudaMalloc, layout size`` / ``cudaMalloc, whole 2 MiB pages``: memory allocated with
+  ``cudaMalloc`` (torch's CUDA runtime, through ctypes) of the buffer layout's exact size, and of
+  that size rounded up to 2 MiB, opened with ``cudaIpcOpenMemHandle``, at the same offsets.
+  torch's allocator rounds large sizes up to 2 MiB; so does the registered buffer since
+  bd1bceb: writes through the IPC mappings of the exact size ran at half speed.
 Same kernel, same rows, same pattern: only the memory differs.
 
     python3 benchmarks/registered_memory.py --out OUT.md [--ranks 8] [--sms 16] [--iters 200]
@@ -23,6 +28,7 @@ kernel variant).
 from __future__ import annotations
 
 import argparse
+import ctypes
 from dataclasses import dataclass, field
 
 import torch
@@ -48,6 +54,51 @@ def opened(tensor: torch.Tensor, world: int, rank: int) -> list[torch.Tensor]:
     handles = [None] * world
     dist.all_gather_object(handles, reduce_tensor(tensor))
     return [tensor if p == rank else handles[p][0](*handles[p][1]) for p in range(world)]
+
+
+class RawIpcMemory:
+    """`size` bytes from cudaMalloc on every rank (torch's CUDA runtime, called through ctypes,
+    so that no allocator rounds the size), zeroed, and every rank's opened here by CUDA IPC."""
+
+    class Handle(ctypes.Structure):
+        _fields_ = [("reserved", ctypes.c_char * 64)]  # cudaIpcMemHandle_t
+
+    def __init__(self, size: int, world: int, rank: int):
+        self.cudart = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+        self.cudart.cudaIpcOpenMemHandle.argtypes = [ctypes.POINTER(ctypes.c_void_p),
+                                                     self.Handle, ctypes.c_uint]
+        self.rank, self.base = rank, ctypes.c_void_p()
+        self.call("cudaMalloc", ctypes.byref(self.base), ctypes.c_size_t(size))
+        self.call("cudaMemset", self.base, 0, ctypes.c_size_t(size))
+        self.call("cudaDeviceSynchronize")
+        mine = self.Handle()
+        self.call("cudaIpcGetMemHandle", ctypes.byref(mine), self.base)
+        handles = [None] * world
+        # (not `mine.reserved`: a c_char array reads back only up to its first zero byte)
+        dist.all_gather_object(handles, bytes(mine))
+        self.bases = []
+        for p, raw in enumerate(handles):
+            if p == rank:
+                self.bases.append(self.base.value)
+                continue
+            opened_at = ctypes.c_void_p()
+            self.call("cudaIpcOpenMemHandle", ctypes.byref(opened_at), self.Handle.from_buffer_copy(raw),
+                      1)  # cudaIpcMemLazyEnablePeerAccess
+            self.bases.append(opened_at.value)
+
+    def call(self, name: str, *args) -> None:
+        status = getattr(self.cudart, name)(*args)
+        if status != 0:
+            raise RuntimeError(f"{name} failed with CUDA error {status}")
+
+    def close(self) -> None:
+        """Collective: unmaps the peers', then frees this rank's once no peer maps it."""
+        torch.cuda.synchronize()
+        for p, base in enumerate(self.bases):
+            if p != self.rank:
+                self.call("cudaIpcCloseMemHandle", ctypes.c_void_p(base))
+        dist.barrier()
+        self.call("cudaFree", self.base)
 
 
 def measure(cfg: GpuBenchConfig, spec: RunSpec, iters: int, rank: int) -> Bandwidths:
@@ -83,6 +134,13 @@ def measure(cfg: GpuBenchConfig, spec: RunSpec, iters: int, rank: int) -> Bandwi
     del bases, bigs  # the peers' mappings close before their owners free the memory
     torch.cuda.synchronize()
     dist.barrier()
+    page = 2 << 20
+    for case, size in (("cudaMalloc, layout size", offsets["total"]),
+                       ("cudaMalloc, whole 2 MiB pages", -(-offsets["total"] // page) * page)):
+        raw = RawIpcMemory(size, world, rank)
+        run(f"{case} ({size % page} B past a 2 MiB page)",
+            [raw.bases[(rank + j) % world] + at for j in range(world)])
+        raw.close()
     del bench, runtime
     dist.barrier()
     return result
