@@ -1,7 +1,7 @@
 """What the HBM of this GPU moves for the traffic mixes of our kernels, with plain torch copies
-(no hybrid-ep code): pure writes, 1 read : 1 write, and 1 read : k writes (the fused permute's
-fan-out, each row written to k places). A reference for the roofline fractions of the
-benchmark, whose roofline is the 1 : 1 copy.
+(no hybrid-ep code): pure writes (torch's fill kernel, and the CUDA runtime's memset), 1 read :
+1 write, and 1 read : k writes (the fused permute's fan-out, each row written to k places). A
+reference for the roofline fractions of the benchmark, whose roofline is the 1 : 1 copy.
 
     python3 benchmarks/hbm_patterns.py [--rows 4096] [--hidden 7168] [--fanout 8]
 """
@@ -9,6 +9,7 @@ benchmark, whose roofline is the 1 : 1 copy.
 from __future__ import annotations
 
 import argparse
+import ctypes
 
 import torch
 
@@ -38,8 +39,18 @@ def main() -> None:
     # row-major fan-out: a row's k copies are written one after another, so it is read once
     fan = torch.empty(src.shape[0], k, src.shape[1], device="cuda", dtype=src.dtype)
     one = torch.empty_like(src)
+    cudart = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+
+    def memset() -> None:
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        status = cudart.cudaMemsetAsync(ctypes.c_void_p(fan.data_ptr()), 0,
+                                        ctypes.c_size_t(fan.numel() * 2), stream)
+        if status != 0:
+            raise RuntimeError(f"cudaMemsetAsync failed with CUDA error {status}")
+
     cases = {
-        f"write only ({k} x rows)": (lambda: fan.zero_(), k * src.numel() * 2),
+        f"write only ({k} x rows, zero_)": (lambda: fan.zero_(), k * src.numel() * 2),
+        f"write only ({k} x rows, cudaMemsetAsync)": (memset, k * src.numel() * 2),
         "copy 1 read : 1 write": (lambda: one.copy_(src), 2 * src.numel() * 2),
         f"fan-out 1 read : {k} writes": (lambda: fan.copy_(src[:, None].expand(-1, k, -1)),
                                          (1 + k) * src.numel() * 2),

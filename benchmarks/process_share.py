@@ -48,8 +48,8 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, rows: int, args, blocks: int
               copy_dst: list[int] | None = None) -> None:
     native.module().copy_ceiling(src.data_ptr(), dst.data_ptr(), rows, args.row_bytes, args.k,
                                  False, blocks, GpuBenchConfig.ceiling_stages,
-                                 torch.cuda.current_stream().cuda_stream, IN_FLIGHT, STORE_LANES,
-                                 RELEASE_EVERY, copy_dst or [])
+                                 torch.cuda.current_stream().cuda_stream, *args.variant,
+                                 copy_dst or [])
 
 
 def concurrent_seconds(fn, iters: int) -> float:
@@ -157,6 +157,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--spare-gb", type=float, default=0.0,
                     help="untouched memory in each process's shared allocation (mapped by all)")
+    ap.add_argument("--variant", type=int, nargs=3, default=[IN_FLIGHT, STORE_LANES, RELEASE_EVERY],
+                    metavar=("IN_FLIGHT", "STORE_LANES", "RELEASE_EVERY"),
+                    help="the copy kernel's store pipeline (copy_ceiling's arguments)")
     ap.add_argument("--per-call", action="store_true",
                     help="time each copy alone from a common start (slowest rank, median)")
     args = ap.parse_args()
@@ -170,7 +173,8 @@ def main() -> None:
                            start_method="spawn")
     title = (f"process_share, commit {commit()}, GPU {torch.cuda.get_device_name(0)}: "
              f"{args.sms} SMs shared by the processes, {args.rows} rows of {args.row_bytes} B "
-             f"per process, 1 load : {args.k} stores per row, {args.iters} copies "
+             f"per process, 1 load : {args.k} stores per row, variant (in flight, store lanes, "
+             f"release every) {tuple(args.variant)}, {args.iters} copies "
              f"({'each timed alone' if args.per_call else 'back to back'}), "
              f"{args.spare_gb} GiB spare per allocation; 1:1 copy "
              f"roofline {roofline / 1e9:.0f} GB/s")
