@@ -157,7 +157,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--spare-gb", type=float, default=0.0,
                     help="untouched memory in each process's shared allocation (mapped by all)")
-    ap.add_argument("--variant", type=int, nargs=3, default=[IN_FLIGHT, STORE_LANES, RELEASE_EVERY],
+    ap.add_argument("--variant", type=int, nargs=3,
+                    default=[IN_FLIGHT, STORE_LANES, RELEASE_EVERY],
                     metavar=("IN_FLIGHT", "STORE_LANES", "RELEASE_EVERY"),
                     help="the copy kernel's store pipeline (copy_ceiling's arguments)")
     ap.add_argument("--per-call", action="store_true",

@@ -82,8 +82,9 @@ class RawIpcMemory:
                 self.bases.append(self.base.value)
                 continue
             opened_at = ctypes.c_void_p()
-            self.call("cudaIpcOpenMemHandle", ctypes.byref(opened_at), self.Handle.from_buffer_copy(raw),
-                      1)  # cudaIpcMemLazyEnablePeerAccess
+            lazy_peer_access = 1  # cudaIpcMemLazyEnablePeerAccess
+            self.call("cudaIpcOpenMemHandle", ctypes.byref(opened_at),
+                      self.Handle.from_buffer_copy(raw), lazy_peer_access)
             self.bases.append(opened_at.value)
 
     def call(self, name: str, *args) -> None:

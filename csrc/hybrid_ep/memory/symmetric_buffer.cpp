@@ -15,7 +15,8 @@ namespace {
 
 #define HYBRID_EP_CU_CHECK(call) ::hybrid_ep::driver::check((call), #call)
 
-constexpr size_t kIpcPageBytes = size_t(2) << 20;  // the large page cudaMalloc backs big sizes with
+// CUDA IPC allocations are whole multiples of this (torch's allocator rounds large ones alike).
+constexpr size_t kIpcPageBytes = size_t(2) << 20;
 
 CUmemAllocationProp fabric_properties(int device) {
   CUmemAllocationProp prop{};
@@ -67,7 +68,7 @@ SymmetricBuffer::SymmetricBuffer(size_t bytes, HandleKind kind) : bytes_(bytes),
   if (kind_ == HandleKind::kCudaIpc) {
     // Peers write through CUDA IPC mappings of this allocation. Measured on H200: when its size
     // is not a whole number of large pages, writes through those mappings run at half the
-    // bandwidth of local ones (benchmarks/results/2026-12-01-registered-memory.md).
+    // bandwidth of local ones (benchmarks/results/2026-12-01-ipc-page-rounding.md).
     bytes_ = (bytes_ + kIpcPageBytes - 1) / kIpcPageBytes * kIpcPageBytes;
     HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&local_), bytes_));
   } else {
