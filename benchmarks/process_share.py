@@ -52,6 +52,13 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, rows: int, args, blocks: int
                                  copy_dst or [])
 
 
+def opened(tensor: torch.Tensor, world: int, rank: int) -> list[torch.Tensor]:
+    """Every rank's `tensor`, opened here through torch's CUDA IPC (this rank's: itself)."""
+    handles = [None] * world
+    dist.all_gather_object(handles, reduce_tensor(tensor))
+    return [tensor if p == rank else handles[p][0](*handles[p][1]) for p in range(world)]
+
+
 def concurrent_seconds(fn, iters: int) -> float:
     """Wall time of `iters` calls of fn on every rank at once, common start to last finish."""
     fn()
@@ -88,9 +95,7 @@ def rank_main(rank: int, world: int, args, port: int, results) -> None:
     # --spare-gb: memory allocated (and mapped by every peer) beside the copies, never touched
     spare = int(args.spare_gb * 2**30)
     dst = torch.empty(k * region + spare, dtype=torch.uint8, device="cuda")
-    handles = [None] * world
-    dist.all_gather_object(handles, reduce_tensor(dst))
-    bases = [dst if p == rank else handles[p][0](*handles[p][1]) for p in range(world)]
+    bases = opened(dst, world, rank)
     # spread: copy j into rank (rank + j)'s region j, as a dispatch writes each token's copies
     # into several ranks' buffers; no two ranks write the same region.
     spread = [bases[(rank + j) % world].data_ptr() + j * region for j in range(k)]

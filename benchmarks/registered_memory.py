@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from one_rank import commit, write_report
-from process_share import IN_FLIGHT, RELEASE_EVERY, STORE_LANES, concurrent_seconds
-from torch.multiprocessing.reductions import reduce_tensor
+from process_share import IN_FLIGHT, RELEASE_EVERY, STORE_LANES, concurrent_seconds, opened
 
 from hybrid_ep import native
 from hybrid_ep.gpubench.config import GpuBenchConfig, RunSpec
@@ -47,13 +46,6 @@ from hybrid_ep.gpubench.spawn import run_ranks
 class Bandwidths:
     rank: int
     cases: dict = field(default_factory=dict)  # case -> bytes per second, all ranks together
-
-
-def opened(tensor: torch.Tensor, world: int, rank: int) -> list[torch.Tensor]:
-    """Every rank's `tensor`, opened here through torch's CUDA IPC (this rank's: itself)."""
-    handles = [None] * world
-    dist.all_gather_object(handles, reduce_tensor(tensor))
-    return [tensor if p == rank else handles[p][0](*handles[p][1]) for p in range(world)]
 
 
 class RawIpcMemory:
