@@ -3,7 +3,8 @@
 // rows would leave too few ring stages, e.g. for the fp32 rows of the unpermute path).
 //   loader warp  : TMA-pulls every copy of a piece from the registered combine buffers of the
 //                  ranks that received the token (this rank's own copies, inside one domain,
-//                  from the caller's input) into consecutive stages of a shared-memory ring;
+//                  from the caller's input) into consecutive stages of a shared-memory ring,
+//                  one lane per rank issuing a piece's copies at once;
 //   reduce warps : each owns every kReduceWarps-th piece of a chunk; once all copies of its
 //                  piece are in, its lanes add them in fp32 (ascending local rank, as the
 //                  reference does) and store the BF16 sum to the output, the warp hands the
@@ -105,37 +106,58 @@ __device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p
   return ring;
 }
 
-// Loader warp: the warp stages the chunk's routes, lane 0 issues one stage per copy of each
-// piece, in ascending local rank.
+// Loader warp: stages the chunk's routes (the next chunk's are loaded into registers
+// meanwhile) and issues the copies of one piece of a token at once, one lane per local rank:
+// each present lane finds its copy's stage from the ranks before it, waits for that stage and
+// issues its TMA load. Issued copy by copy from lane 0, each copy's chain (route and source
+// loads, the wait, the issue) bounded the combine at two ranks x 8 SMs (ncu: the reduce warps
+// waited on the issue counter while the loader seldom waited for a free stage); one chain per
+// token took it from 233 to 208 us (benchmarks/results/2026-12-01-combine-loader.md).
 __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) {
   const int bytes = piece_bytes(p);
   const int64_t in_row_bytes = int64_t(bytes) * p.pieces;
+  const uint32_t lanes_before = (1u << lane) - 1;
   uint32_t item = 0;
-  RingPos at{0, 0};
+  RingPos at{0, 0};  // of `item`, the same on every lane
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
+  const auto fetch = [&](HeldRoutes& held, int c) {
+    if (c >= chunks) return held.clear();
+    held.fetch(p.sparse_to_dense_map, c * p.chunk, min((c + 1) * p.chunk, p.num_tokens),
+               p.domain.ranks, lane, 32);
+  };
+  HeldRoutes next;
+  fetch(next, blockIdx.x);
   for (int c = blockIdx.x; c < chunks; c += p.combine_blocks) {
     const int first = c * p.chunk;
     const int last = min(first + p.chunk, p.num_tokens);
-    __syncwarp();  // lane 0 is done with the previous chunk's routes
-    ring.loader_routes.load(p.sparse_to_dense_map, first, last, lane, 32);
-    __syncwarp();
-    if (lane != 0) continue;
+    __syncwarp();  // every lane is done with the previous chunk's routes
+    next.put(ring.loader_routes, lane, 32);
+    fetch(next, c + p.combine_blocks);
     // After a failed wait the stages are loaded anyway: the reduce warps must finish, and the
     // abort word makes the call report instead of returning what it read.
-    if (p.unpermute_blocks > 0) wait_unpermuted(p, first, last);
+    if (p.unpermute_blocks > 0 && lane == 0) wait_unpermuted(p, first, last);
+    __syncwarp();
     for (int t = first; t < last; ++t) {
       const int32_t* rows = ring.loader_routes.token(t - first);
       for (int piece = 0; piece < p.pieces; ++piece) {
-        for (int j = 0; j < p.domain.ranks; ++j) {
-          if (rows[j] < 0) continue;
-          const int stage = at.stage;
-          ptx::mbar_wait(&ring.empty[stage], at.phase ^ 1);
-          ptx::mbar_arrive_expect_tx(&ring.full[stage], bytes);
-          ptx::bulk_load(ring.row(stage),
-                         ring.sources[j] + rows[j] * in_row_bytes + int64_t(piece) * bytes, bytes,
-                         &ring.full[stage]);
-          *static_cast<volatile uint32_t*>(ring.issued) = ++item;
-          at.advance(1, ring.stages);
+        for (int j0 = 0; j0 < p.domain.ranks; j0 += 32) {  // ranks past 32: 32 at a time
+          const int j = j0 + lane;
+          const int32_t row = j < p.domain.ranks ? rows[j] : -1;
+          const uint32_t present = __ballot_sync(~0u, row >= 0);
+          if (row >= 0) {
+            RingPos mine = at;  // copies <= ranks <= stages: at most one wrap
+            mine.advance(__popc(present & lanes_before), ring.stages);
+            ptx::mbar_wait(&ring.empty[mine.stage], mine.phase ^ 1);
+            ptx::mbar_arrive_expect_tx(&ring.full[mine.stage], bytes);
+            ptx::bulk_load(ring.row(mine.stage),
+                           ring.sources[j] + row * in_row_bytes + int64_t(piece) * bytes, bytes,
+                           &ring.full[mine.stage]);
+          }
+          const int issued = __popc(present);
+          item += issued;
+          at.advance(issued, ring.stages);
+          __syncwarp();  // every lane has issued its load
+          if (lane == 0) *static_cast<volatile uint32_t*>(ring.issued) = item;
         }
       }
     }
