@@ -8,8 +8,10 @@
 // Rows are 14336 B (hidden 7168, BF16); one block per SM, WARPS warps (and twice as many) each.
 // Cases: lane writes only (no loads); lane copy (16-byte loads, then the k stores); lane copy
 // with 7 loads in flight per lane; TMA load + lane stores; TMA load + TMA stores; TMA loads
-// alongside stores of constants (the loads gate nothing: the mix without the dependency);
-// TMA loads only. Bandwidth counts every byte read and written once; the best of 3 x ITERS.
+// alongside stores of constants (the stores need no loaded data; each warp still waits for its
+// row's load before the next row); TMA loads only; split: half the warps only TMA-load the
+// rows, the others only write the copies (reads and writes as independent streams on the same
+// SMs). Bandwidth counts every byte read and written once; the best of 3 x ITERS.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -35,12 +37,21 @@ constexpr int kRowBytes = 14336;
 constexpr int kVectors = kRowBytes / 16;
 constexpr int kMaxCopies = 8;
 
-enum Case { kWriteOnly, kLaneCopy, kLaneCopyDeep, kTmaLanes, kTmaTma, kTmaConst, kTmaLoadsOnly };
-constexpr int kCases = 7;
+enum Case {
+  kWriteOnly,
+  kLaneCopy,
+  kLaneCopyDeep,
+  kTmaLanes,
+  kTmaTma,
+  kTmaConst,
+  kTmaLoadsOnly,
+  kSplit
+};
+constexpr int kCases = 8;
 const char* const kNames[kCases] = {"lane writes only",       "lane copy",
                                     "lane copy, 7 in flight", "TMA load + lane stores",
                                     "TMA load + TMA stores",  "TMA loads + const stores",
-                                    "TMA loads only"};
+                                    "TMA loads only",         "split: load warps, store warps"};
 
 bool uses_tma(int c) { return c >= kTmaLanes; }
 
@@ -50,6 +61,16 @@ struct Destinations {
 
 __device__ __forceinline__ uint4* at(const Destinations& d, int j, int r) {
   return reinterpret_cast<uint4*>(d.row[j] + size_t(r) * kRowBytes);
+}
+
+// The lanes write row r's k copies with values that need no load.
+__device__ __forceinline__ void write_constants(const Destinations& dst, int k, int r, int lane) {
+  for (int v = lane; v < kVectors; v += 32) {
+#pragma unroll
+    for (int j = 0; j < kMaxCopies; ++j) {
+      if (j < k) at(dst, j, r)[v] = make_uint4(r, v, 0, 0);
+    }
+  }
 }
 
 // Lanes only: each warp takes whole rows, grid-strided.
@@ -72,8 +93,12 @@ __global__ void lane_kernel(const uint8_t* src, Destinations dst, int rows, int 
       }
       continue;
     }
+    if (which == kWriteOnly) {
+      write_constants(dst, k, r, lane);
+      continue;
+    }
     for (int v = lane; v < kVectors; v += 32) {
-      const uint4 x = which == kWriteOnly ? make_uint4(r, v, 0, 0) : __ldg(s + v);
+      const uint4 x = __ldg(s + v);
 #pragma unroll
       for (int j = 0; j < kMaxCopies; ++j) {
         if (j >= k) break;
@@ -96,8 +121,19 @@ __global__ void tma_kernel(const uint8_t* src, Destinations dst, int rows, int k
     ptx::fence_barrier_init();
   }
   __syncwarp();
-  const int step = gridDim.x * warps;
-  const int first = blockIdx.x * warps + w;
+  int step = gridDim.x * warps;
+  int first = blockIdx.x * warps + w;
+  if (which == kSplit) {  // the first half of the warps load, the others write
+    const int loaders = warps / 2, writers = warps - loaders;
+    if (w >= loaders) {
+      for (int r = blockIdx.x * writers + w - loaders; r < rows; r += gridDim.x * writers) {
+        write_constants(dst, k, r, lane);
+      }
+      return;
+    }
+    step = gridDim.x * loaders;
+    first = blockIdx.x * loaders + w;
+  }
   const auto load = [&](int r, int s) {
     ptx::mbar_arrive_expect_tx(&full[s], kRowBytes);
     ptx::bulk_load(slot(s), src + size_t(r) * kRowBytes, kRowBytes, &full[s]);
@@ -110,14 +146,7 @@ __global__ void tma_kernel(const uint8_t* src, Destinations dst, int rows, int k
   int i = 0;
   for (int r = first; r < rows; r += step, ++i) {
     const int s = i & 1;
-    if (which == kTmaConst) {
-      for (int v = lane; v < kVectors; v += 32) {
-#pragma unroll
-        for (int j = 0; j < kMaxCopies; ++j) {
-          if (j < k) at(dst, j, r)[v] = make_uint4(r, v, 0, 0);
-        }
-      }
-    }
+    if (which == kTmaConst) write_constants(dst, k, r, lane);
     ptx::mbar_wait(&full[s], (phases >> s) & 1);
     phases ^= 1u << s;
     if (which == kTmaLanes) {
@@ -195,7 +224,7 @@ int main(int argc, char** argv) {
     if (only >= 0 && c != only) continue;
     for (const int w : {warps, 2 * warps}) {
       const int smem = uses_tma(c) ? 2 * w * kRowBytes : 0;
-      if (smem > 227 * 1024) continue;
+      if (smem > 227 * 1024 || (c == kSplit && w < 2)) continue;
       if (uses_tma(c)) {
         CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       }
