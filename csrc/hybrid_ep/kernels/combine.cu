@@ -153,9 +153,9 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
                            ring.sources[j] + row * in_row_bytes + int64_t(piece) * bytes, bytes,
                            &ring.full[mine.stage]);
           }
-          const int issued = __popc(present);
-          item += issued;
-          at.advance(issued, ring.stages);
+          const int copies = __popc(present);
+          item += copies;
+          at.advance(copies, ring.stages);
           __syncwarp();  // every lane has issued its load
           if (lane == 0) *static_cast<volatile uint32_t*>(ring.issued) = item;
         }
