@@ -18,19 +18,12 @@
 #include <cstdlib>
 #include <vector>
 
+#include "best_time.cuh"
 #include "hybrid_ep/kernels/common/bf16.cuh"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace ptx = hybrid_ep::ptx;
-
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    const cudaError_t e = (call);                                                                 \
-    if (e != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s: %s (%s:%d)\n", #call, cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 namespace {
 
@@ -184,18 +177,16 @@ int main(int argc, char** argv) {
   std::vector<uint16_t> host(bytes / 2), lanes(bytes / 2), got(bytes / 2);
   uint32_t seed = 12345;
   uint8_t *copy0, *copy1, *out;
-  CHECK(cudaMalloc(&copy0, bytes));
-  CHECK(cudaMalloc(&copy1, bytes));
-  CHECK(cudaMalloc(&out, bytes));
+  HYBRID_EP_CUDA_CHECK(cudaMalloc(&copy0, bytes));
+  HYBRID_EP_CUDA_CHECK(cudaMalloc(&copy1, bytes));
+  HYBRID_EP_CUDA_CHECK(cudaMalloc(&out, bytes));
   for (auto& h : host) h = random_bf16(seed);
-  CHECK(cudaMemcpy(copy0, host.data(), bytes, cudaMemcpyHostToDevice));
+  HYBRID_EP_CUDA_CHECK(cudaMemcpy(copy0, host.data(), bytes, cudaMemcpyHostToDevice));
   for (auto& h : host) h = random_bf16(seed);
-  CHECK(cudaMemcpy(copy1, host.data(), bytes, cudaMemcpyHostToDevice));
+  HYBRID_EP_CUDA_CHECK(cudaMemcpy(copy1, host.data(), bytes, cudaMemcpyHostToDevice));
   const int smem = kStages * kRowBytes;
-  CHECK(cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
+  HYBRID_EP_CUDA_CHECK(
+      cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   std::printf("%d tokens, %d blocks, %d stages of %d B\n", tokens, blocks, kStages, kRowBytes);
   for (int d = 0; d < kDesigns; ++d) {
     if (only >= 0 && d != only && d != kLaneSum) continue;  // the lanes' sums are the reference
@@ -206,28 +197,19 @@ int main(int argc, char** argv) {
       const auto launch = [&] {
         combine_kernel<<<blocks, 32 * (1 + kMaxWarps), smem>>>(copy0, copy1, out, tokens, d, warps);
       };
-      CHECK(cudaMemset(out, 0, bytes));
+      HYBRID_EP_CUDA_CHECK(cudaMemset(out, 0, bytes));
       launch();
-      CHECK(cudaDeviceSynchronize());
-      CHECK(cudaGetLastError());
-      CHECK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
+      HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+      HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+      HYBRID_EP_CUDA_CHECK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
       if (d == kLaneSum && warps == 2) lanes = got;
       size_t differ = 0;
       for (size_t v = 0; v < got.size(); ++v) {
         const bool zeros = (got[v] & 0x7fff) == 0 && (lanes[v] & 0x7fff) == 0;
         differ += got[v] != lanes[v] && !zeros;
       }
-      float best = 1e30f;
-      for (int rep = 0; rep < 3; ++rep) {
-        CHECK(cudaEventRecord(start));
-        for (int i = 0; i < iters; ++i) launch();
-        CHECK(cudaEventRecord(stop));
-        CHECK(cudaEventSynchronize(stop));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
-        best = ms / iters < best ? ms / iters : best;
-      }
-      const double us = best * 1e3, traffic = 3.0 * bytes;  // two loads and a store per token
+      const double us = best_seconds(launch, iters) * 1e6;
+      const double traffic = 3.0 * bytes;  // two loads and a store per token
       std::printf("%-28s %d warps %8.1f us %7.1f GB/s per SM  %s\n", kNames[d], warps, us,
                   traffic / (us * 1e-6) / blocks / 1e9,
                   d == kStoreFirst ? "(no sum)"

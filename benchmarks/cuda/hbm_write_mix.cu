@@ -18,18 +18,11 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "best_time.cuh"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace ptx = hybrid_ep::ptx;
-
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    const cudaError_t e = (call);                                                                 \
-    if (e != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s: %s (%s:%d)\n", #call, cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 namespace {
 
@@ -190,35 +183,19 @@ int main(int argc, char** argv) {
   }
   const size_t bytes = size_t(rows) * kRowBytes;
   uint8_t* src;
-  CHECK(cudaMalloc(&src, bytes));
-  CHECK(cudaMemset(src, 7, bytes));
+  HYBRID_EP_CUDA_CHECK(cudaMalloc(&src, bytes));
+  HYBRID_EP_CUDA_CHECK(cudaMemset(src, 7, bytes));
   Destinations dst{};
-  for (int j = 0; j < k; ++j) CHECK(cudaMalloc(&dst.row[j], bytes));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  const auto seconds = [&](auto launch) {
-    launch();
-    CHECK(cudaDeviceSynchronize());
-    float best = 1e30f;
-    for (int rep = 0; rep < 3; ++rep) {
-      CHECK(cudaEventRecord(start));
-      for (int i = 0; i < iters; ++i) launch();
-      CHECK(cudaEventRecord(stop));
-      CHECK(cudaEventSynchronize(stop));
-      float ms;
-      CHECK(cudaEventElapsedTime(&ms, start, stop));
-      best = ms / iters < best ? ms / iters : best;
-    }
-    CHECK(cudaGetLastError());
-    return best * 1e-3;
-  };
+  for (int j = 0; j < k; ++j) HYBRID_EP_CUDA_CHECK(cudaMalloc(&dst.row[j], bytes));
+  const auto seconds = [&](auto launch) { return best_seconds(launch, iters); };
   std::printf("rows %d, k %d, %d blocks, row %d B\n", rows, k, blocks, kRowBytes);
-  std::printf("%-30s %9.1f GB/s\n", "cudaMemsetAsync",
-              bytes / seconds([&] { CHECK(cudaMemsetAsync(dst.row[0], 0, bytes)); }) / 1e9);
+  std::printf(
+      "%-30s %9.1f GB/s\n", "cudaMemsetAsync",
+      bytes / seconds([&] { HYBRID_EP_CUDA_CHECK(cudaMemsetAsync(dst.row[0], 0, bytes)); }) / 1e9);
   const double roofline =
-      2.0 * bytes /
-      seconds([&] { CHECK(cudaMemcpyAsync(dst.row[0], src, bytes, cudaMemcpyDeviceToDevice)); });
+      2.0 * bytes / seconds([&] {
+        HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(dst.row[0], src, bytes, cudaMemcpyDeviceToDevice));
+      });
   std::printf("%-30s %9.1f GB/s (roofline)\n", "cudaMemcpyAsync 1:1", roofline / 1e9);
   for (int c = 0; c < kCases; ++c) {
     if (only >= 0 && c != only) continue;
@@ -226,7 +203,8 @@ int main(int argc, char** argv) {
       const int smem = uses_tma(c) ? 2 * w * kRowBytes : 0;
       if (smem > 227 * 1024 || (c == kSplit && w < 2)) continue;
       if (uses_tma(c)) {
-        CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        HYBRID_EP_CUDA_CHECK(
+            cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       }
       const double s = seconds([&] {
         if (uses_tma(c)) {
