@@ -386,7 +386,8 @@ class HybridEPBuffer:
         routing_map, probs = v.resolve_routing(
             hidden=hidden, routing_map=routing_map, probs=probs, topk_idx=topk_idx,
             topk_weights=topk_weights, num_of_experts=num_of_experts,
-            expected_experts=self.config.num_of_experts, has_handle=handle is not None)
+            expected_experts=self.config.num_of_experts, has_handle=handle is not None,
+            non_blocking=non_blocking)
         pad = v.normalize_pad_multiple(pad_multiple)
         _check_flag("non_blocking", non_blocking)
         _check_flag("fuse_permute_dispatch", fuse_permute_dispatch)

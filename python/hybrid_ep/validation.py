@@ -92,41 +92,65 @@ def check_scaling_factor(scaling_factor, hidden: torch.Tensor, is_fp8: bool):
 
 
 def routing_from_topk(topk_idx, topk_weights, num_tokens: int, num_experts: int,
-                      device: torch.device):
-    """topk form -> (bool routing_map [T, E_total], fp32 probs or None)."""
+                      device: torch.device, check_values: bool = True):
+    """topk form -> (bool routing_map [T, E_total], fp32 probs or None).
+
+    Built without a host synchronisation (no boolean-mask indexing): slot (t, j) lands at flat
+    index t * E_total + topk_idx[t, j], and empty slots at one spare element past the end.
+    Checking the values (range, duplicates) reads them on the host, which on a GPU is a
+    synchronisation: ``check_values=False`` skips it there (non-blocking calls, calls with a
+    handle); out-of-range entries are then dropped like empty slots and a duplicated expert
+    keeps one of its weights."""
     require_tensor("topk_idx", topk_idx, dtypes=(torch.int64, torch.int32, torch.int16),
                    ndim=2, shape=(num_tokens, None), device=device)
     k = topk_idx.shape[1]
+    if topk_weights is not None:
+        require_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2,
+                       shape=(num_tokens, k), device=device)
     idx = topk_idx.to(torch.int64)
+    if check_values:
+        _check_topk_values(idx, num_experts)
+    cells = num_tokens * num_experts
+    valid = (idx >= 0) & (idx < num_experts)
+    rows = torch.arange(num_tokens, device=device).unsqueeze(1)
+    flat = torch.where(valid, rows * num_experts + idx, cells).reshape(-1)
+    routing = torch.zeros(cells + 1, dtype=torch.bool, device=device)
+    routing.index_fill_(0, flat, True)
+    routing_map = routing[:cells].view(num_tokens, num_experts)
+    probs = None
+    if topk_weights is not None:
+        dense = torch.zeros(cells + 1, dtype=torch.float32, device=device)
+        dense.index_put_((flat,), topk_weights.reshape(-1))
+        probs = dense[:cells].view(num_tokens, num_experts)
+    return routing_map, probs
+
+
+def _check_topk_values(idx: torch.Tensor, num_experts: int) -> None:
+    """Out-of-range entries and experts selected twice in a row, in one host read."""
     bad = (idx < -1) | (idx >= num_experts)
+    dup = None
+    if idx.shape[1] > 1:
+        ordered, _ = idx.sort(dim=1)
+        dup = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+    found = bad.any() if dup is None else bad.any() | dup.any()
+    if not bool(found):
+        return
     if bool(bad.any()):
         where = tuple(int(v) for v in torch.nonzero(bad)[0])
         raise ValueError(f"topk_idx: entry {where} = {int(idx[where])} is out of range; expected "
                          f"-1 (no expert) or 0..{num_experts - 1}")
-    if k > 1:
-        ordered, _ = idx.sort(dim=1)
-        dup = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
-        if bool(dup.any()):
-            row = int(torch.nonzero(dup)[0, 0])
-            raise ValueError(f"topk_idx: row {row} selects an expert twice "
-                             f"({idx[row].tolist()}); expected distinct experts per token")
-    valid = idx >= 0
-    rows = torch.arange(num_tokens, device=device).unsqueeze(1).expand_as(idx)[valid]
-    cols = idx[valid]
-    routing_map = torch.zeros(num_tokens, num_experts, dtype=torch.bool, device=device)
-    routing_map[rows, cols] = True
-    probs = None
-    if topk_weights is not None:
-        require_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2,
-                       shape=(num_tokens, k), device=device)
-        probs = torch.zeros(num_tokens, num_experts, dtype=torch.float32, device=device)
-        probs[rows, cols] = topk_weights[valid]
-    return routing_map, probs
+    row = int(torch.nonzero(dup)[0, 0])
+    raise ValueError(f"topk_idx: row {row} selects an expert twice ({idx[row].tolist()}); "
+                     "expected distinct experts per token")
 
 
 def resolve_routing(*, hidden: torch.Tensor, routing_map, probs, topk_idx, topk_weights,
-                    num_of_experts, expected_experts: int, has_handle: bool):
-    """Returns (routing_map or None, probs or None); raises on a twice-given or missing routing."""
+                    num_of_experts, expected_experts: int, has_handle: bool,
+                    non_blocking: bool = False):
+    """Returns (routing_map or None, probs or None); raises on a twice-given or missing routing.
+    topk_idx values on a GPU are checked only by blocking calls without a handle: elsewhere the
+    check would be the call's only host synchronisation (routing_from_topk). On the CPU it costs
+    nothing and always runs."""
     num_tokens = hidden.shape[0]
     if num_of_experts is not None:
         num_of_experts = require_int("num_of_experts", num_of_experts, minimum=1)
@@ -145,7 +169,9 @@ def resolve_routing(*, hidden: torch.Tensor, routing_map, probs, topk_idx, topk_
     # With a handle the routing is fixed by it: routing inputs are checked, then not used.
     if topk_idx is not None:
         return routing_from_topk(topk_idx, topk_weights, num_tokens, expected_experts,
-                                 hidden.device)
+                                 hidden.device,
+                                 check_values=hidden.device.type == "cpu"
+                                 or (not has_handle and non_blocking is not True))
     if routing_map is not None:
         require_tensor("routing_map", routing_map, dtypes=(torch.bool,), ndim=2,
                        shape=(num_tokens, expected_experts), device=hidden.device)

@@ -168,27 +168,36 @@ def mode_mismatch(ctx, spec: dict) -> dict:
 def graph_replay(ctx, spec: dict, replays: int) -> dict:
     """The non-blocking dispatch_with_permute + combine_with_unpermute pair captured once in a
     CUDA graph and replayed with fresh inputs (same shapes), every replay against the
-    reference."""
+    reference. Routing in ``spec["form"]``: a capture fails on any host synchronisation, so
+    the topk form also shows that its conversion has none."""
     buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
     stats = Stats()
     T = spec["tokens"][ctx.rank]
+    topk = spec["form"] == "topk"
 
     def fresh(n):
         x, _ = make_hidden(ctx, spec, T, f"x{n}")
         rt = make_routing(ctx, spec, T, f"routing{n}")
-        g = ctx.generator(spec["seed"], ctx.rank, "y", n)
-        return x, rt["map"], rt["probs"], g
+        return x, rt
 
-    x0, map0, probs0, _ = fresh(0)
+    def routing_args(rt: dict, cpu_copy: bool = False) -> dict:
+        move = (lambda t: t.cpu()) if cpu_copy else (lambda t: t)
+        if topk:
+            return {"topk_idx": move(rt["idx"]), "topk_weights": move(rt["weights"]),
+                    "num_of_experts": spec["W"] * spec["E"]}
+        return {"routing_map": move(rt["map"]), "probs": move(rt["probs"])}
+
+    x0, rt0 = fresh(0)
     # A budget every replay fits: each expert gets every dispatch row at most.
     pad = spec["pad"]
     P = spec["E"] * -(-T * spec["W"] // pad) * pad
-    static_x, static_map, static_probs = x0.clone(), map0.clone(), probs0.clone()
+    static_x = x0.clone()
+    static_rt = {key: value.clone() for key, value in rt0.items()}
     static_y = torch.zeros((P, spec["H"]), dtype=torch.bfloat16, device=ctx.dev)
 
     def step():
-        out = buf.dispatch_with_permute(hidden=static_x, routing_map=static_map,
-                                        probs=static_probs, pad_multiple=spec["pad"],
+        out = buf.dispatch_with_permute(hidden=static_x, **routing_args(static_rt),
+                                        pad_multiple=spec["pad"],
                                         num_permuted_tokens=P, non_blocking=True,
                                         fuse_permute_dispatch=spec.get("fused", False))
         # the "expert": a fixed function of the permuted rows
@@ -209,13 +218,13 @@ def graph_replay(ctx, spec: dict, replays: int) -> dict:
         captured_out, captured_combined = step()
     ctx.quiesce()
     for n in range(1, replays + 1):
-        x, rmap, probs, _ = fresh(n)
+        x, rt = fresh(n)
         static_x.copy_(x)
-        static_map.copy_(rmap)
-        static_probs.copy_(probs)
+        for key, value in rt.items():
+            static_rt[key].copy_(value)
         graph.replay()
         ctx.sync()
-        ref = buf.dispatch_with_permute(hidden=x.cpu(), routing_map=rmap.cpu(), probs=probs.cpu(),
+        ref = buf.dispatch_with_permute(hidden=x.cpu(), **routing_args(rt, cpu_copy=True),
                                         pad_multiple=spec["pad"], num_permuted_tokens=P,
                                         non_blocking=True)
         what = f"replay {n}"

@@ -64,16 +64,17 @@ def test_mode_mismatch(gpu_pools, W, placement):
 
 
 @pytest.mark.skipif(gpu_env.DRY_RUN, reason="CUDA graphs need a GPU (dry run on the CPU)")
+@pytest.mark.parametrize("form", ["map", "topk"])
 @pytest.mark.parametrize("fused", [False, True], ids=["standalone", "fused"])
 @pytest.mark.parametrize("W,placement", [*gpu_env.placements((2,)),
                                          placement_param(4, "shared")])
-def test_graph_replay(gpu_pools, record_property, W, placement, fused):
-    spec = make_spec(W, H=1024, form="map", k=2, E=4, tokens="equal", max_tok=64)
+def test_graph_replay(gpu_pools, record_property, W, placement, fused, form):
+    spec = make_spec(W, H=1024, form=form, k=2, E=4, tokens="equal", max_tok=64)
     spec.update(pad=16, fused=fused)
     results = gpu_pools.run(W, placement, "graph_replay", module=MODULE, timeout_s=240,
                             spec=spec, replays=50)
     assert all(r["replays"] == 50 for r in results), results
-    report(record_property, results, label=f"graph replay W={W} fused={fused}")
+    report(record_property, results, label=f"graph replay W={W} fused={fused} {form}")
 
 
 @pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
