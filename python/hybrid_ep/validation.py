@@ -166,7 +166,8 @@ def resolve_routing(*, hidden: torch.Tensor, routing_map, probs, topk_idx, topk_
         raise ValueError("topk_weights: given with routing_map; use probs with routing_map")
     if topk_idx is not None and probs is not None:
         raise ValueError("probs: given with topk_idx; use topk_weights with topk_idx")
-    # With a handle the routing is fixed by it: routing inputs are checked, then not used.
+    # With a handle the routing is fixed by it: routing inputs are checked (on a GPU, topk_idx
+    # only for its shape and type), then used for the probs alone.
     if topk_idx is not None:
         return routing_from_topk(topk_idx, topk_weights, num_tokens, expected_experts,
                                  hidden.device,
