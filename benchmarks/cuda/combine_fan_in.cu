@@ -2,9 +2,8 @@
 // of whole 14336-byte rows), next to the k:1 copy they must match: how fast can a combine of
 // two BF16 copies per token be at 8 SMs, with nothing but the ring?
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -I csrc -o /tmp/combine_fan_in
-//   benchmarks/cuda/combine_fan_in.cu /tmp/combine_fan_in [TOKENS 4096] [BLOCKS 8] [ITERS 20]
-//   [ONLY_DESIGN]
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I csrc -o /tmp/cfi benchmarks/cuda/combine_fan_in.cu
+//   /tmp/cfi [TOKENS 4096] [BLOCKS 8] [ITERS 20] [ONLY_DESIGN]
 //
 // Designs: lanes add the two stages (add_rounded, the combine kernel's two-copy sum) and store
 // from registers; a TMA store of the first copy only (no sum: the copy ceiling's traffic);

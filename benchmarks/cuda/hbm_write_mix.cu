@@ -1,9 +1,9 @@
 // Ways of writing one source row into k destinations on one GPU, against the 1:1 copy roofline
-// (cudaMemcpyAsync device to device) and cudaMemsetAsync: does the dispatch's HBM-regime mix
-// (1 load : 5.4 stores) leave the roofline's rate on the table, and by which write path?
+// (cudaMemcpyAsync device to device) and cudaMemsetAsync: how far below the roofline does the
+// dispatch's HBM-regime mix (1 load : 5.4 stores) stay, and does the write path matter?
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -I csrc -o /tmp/hbm_write_mix benchmarks/cuda/hbm_write_mix.cu
-//   /tmp/hbm_write_mix [ROWS 32768] [K 5] [BLOCKS 128] [WARPS 4] [ITERS 20] [ONLY_CASE]
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I csrc -o /tmp/hwm benchmarks/cuda/hbm_write_mix.cu
+//   /tmp/hwm [ROWS 32768] [K 5] [BLOCKS 128] [WARPS 4] [ITERS 20] [ONLY_CASE]
 //
 // Rows are 14336 B (hidden 7168, BF16); one block per SM, WARPS warps (and twice as many) each.
 // Cases: lane writes only (no loads); lane copy (16-byte loads, then the k stores); lane copy
