@@ -173,19 +173,11 @@ def graph_replay(ctx, spec: dict, replays: int) -> dict:
     buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
     stats = Stats()
     T = spec["tokens"][ctx.rank]
-    topk = spec["form"] == "topk"
 
     def fresh(n):
         x, _ = make_hidden(ctx, spec, T, f"x{n}")
         rt = make_routing(ctx, spec, T, f"routing{n}")
         return x, rt
-
-    def routing_args(rt: dict, cpu_copy: bool = False) -> dict:
-        move = (lambda t: t.cpu()) if cpu_copy else (lambda t: t)
-        if topk:
-            return {"topk_idx": move(rt["idx"]), "topk_weights": move(rt["weights"]),
-                    "num_of_experts": spec["W"] * spec["E"]}
-        return {"routing_map": move(rt["map"]), "probs": move(rt["probs"])}
 
     x0, rt0 = fresh(0)
     # A budget every replay fits: each expert gets every dispatch row at most.
@@ -196,7 +188,7 @@ def graph_replay(ctx, spec: dict, replays: int) -> dict:
     static_y = torch.zeros((P, spec["H"]), dtype=torch.bfloat16, device=ctx.dev)
 
     def step():
-        out = buf.dispatch_with_permute(hidden=static_x, **routing_args(static_rt),
+        out = buf.dispatch_with_permute(hidden=static_x, **routing_args(spec, static_rt),
                                         pad_multiple=spec["pad"],
                                         num_permuted_tokens=P, non_blocking=True,
                                         fuse_permute_dispatch=spec.get("fused", False))
@@ -224,7 +216,7 @@ def graph_replay(ctx, spec: dict, replays: int) -> dict:
             static_rt[key].copy_(value)
         graph.replay()
         ctx.sync()
-        ref = buf.dispatch_with_permute(hidden=x.cpu(), **routing_args(rt, cpu_copy=True),
+        ref = buf.dispatch_with_permute(hidden=x.cpu(), **routing_args(spec, rt, on_cpu=True),
                                         pad_multiple=spec["pad"], num_permuted_tokens=P,
                                         non_blocking=True)
         what = f"replay {n}"
