@@ -358,6 +358,27 @@ class HybridEPBuffer:
                               probs.contiguous() if probs is not None else None,
                               layout, handle[5], made.num_tokens)
 
+    def get_combine_input_buffer(self, handle, hidden_dim=None) -> torch.Tensor:
+        """A BF16 ``[dispatched rows, hidden_dim]`` tensor in this rank's registered buffer
+        (CUDA engine) for the expert outputs of ``handle``'s combine: ``combine`` reads it where
+        it is instead of copying its input there first. Collective, like ``combine``: every rank
+        calls it before that combine. It waits, on the current stream, until the peers are done
+        with the region, so write into it on that stream after this call; it serves the next
+        combine only (call again for the one after), and later combines overwrite it."""
+        if handle is None:
+            raise ValueError("handle: required; pass the handle returned by dispatch")
+        made = handles.check_handle(handle, self.config, permute=False,
+                                    caller="get_combine_input_buffer")
+        cols = self.config.hidden_dim
+        if hidden_dim is not None:
+            cols = v.require_int("hidden_dim", hidden_dim, minimum=1)
+            if cols % v.BF16_ALIGN != 0 or cols > self.config.hidden_dim:
+                raise ValueError(f"hidden_dim={cols}: expected a multiple of {v.BF16_ALIGN} "
+                                 f"up to the buffer's hidden_dim={self.config.hidden_dim}")
+        device = handle[0].device
+        engine = select_engine(self._env.engine, device, self._reference, self._cuda)
+        return engine.combine_input(made.num_dispatched_tokens, cols, device)
+
     def _check_combine_input(self, hidden, probs, rows: int, probs_shape: tuple):
         self._input_rows(hidden, allow_fp8=False)
         if hidden.shape[0] != rows:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 
 import torch
 
@@ -17,6 +18,7 @@ from . import native, transport_bootstrap, transport_connect, transport_options
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
 from .reference.layout import DispatchLayout, PermuteLayout, ceil_div
+from .registered_views import RegisteredViews
 from .topology import Topology, gather_objects
 
 _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag",
@@ -73,6 +75,7 @@ class CudaEngine:
         self._mps_share = bool(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
         self._counters_before = None  # counters of runtimes replaced by grow()
         self._transport = None  # transport_connect.Connection of the runtime
+        self._views = RegisteredViews()  # tensors of get_combine_input_buffer
         self._connect(config)
 
     # -- lifetime --------------------------------------------------------------------------------
@@ -111,6 +114,12 @@ class CudaEngine:
         self._ranks_on_gpu = sum(1 for _, other in everyone if other == gpu)
         first = self.topo.node_rank * self.topo.ranks_per_domain
         self.runtime.open_peers([h for h, _ in everyone[first:first + self.topo.ranks_per_domain]])
+        offsets = self.runtime.layout_offsets()
+        # (address, bytes) of this rank's combine region, and whether claim_combine_input
+        # has run since the last combine (the next combine then skips its first barrier).
+        self._combine_region = (self.runtime.registered_address() + offsets["combine_rows"],
+                                offsets["combine_probs"] - offsets["combine_rows"])
+        self._claimed = False
         # The transport reaches this rank's peer (same local rank) in every other domain.
         R = self.topo.ranks_per_domain
         peers = [n * R + self.topo.local_rank for n in range(self.topo.num_of_nodes)]
@@ -128,8 +137,15 @@ class CudaEngine:
             connection, self._transport = self._transport, None
             connection.close()
         runtime, self.runtime = self.runtime, None
-        if runtime is not None:
-            runtime.release()
+        if runtime is None:
+            return
+        # Decided together: a collectively freed buffer is freed by every rank or by none.
+        if any(gather_objects(self._views.of(runtime), self.group)):
+            warnings.warn("HybridEPBuffer: a tensor from get_combine_input_buffer still views "
+                          "the registered buffer being replaced or destroyed; its memory is "
+                          "freed when the last such tensor is", RuntimeWarning, stacklevel=4)
+            return  # each rank's runtime goes with the last tensor viewing it
+        runtime.release()
 
     def grow(self, config: HybridEPConfig) -> None:
         """Collective: every rank replaces its registered buffer with a larger one."""
@@ -192,9 +208,9 @@ class CudaEngine:
                              "update_template_config(hidden_dim=...) on every rank first")
         return row_bytes
 
-    def _check_device(self, tensor: torch.Tensor) -> None:
-        if tensor.device != self.device:
-            raise ValueError(f"hidden: on {tensor.device}, but this buffer's CUDA engine lives on "
+    def _check_device(self, device: torch.device, name: str = "hidden") -> None:
+        if device != self.device:
+            raise ValueError(f"{name}: on {device}, but this buffer's CUDA engine lives on "
                              f"{self.device}; set torch.cuda.set_device before building the "
                              "buffer and keep every call's tensors there")
 
@@ -214,7 +230,7 @@ class CudaEngine:
         if tokens != self.config.max_num_of_tokens_per_rank:
             raise RuntimeError(f"internal: preprocess for {tokens} tokens on a buffer of "
                                f"{self.config.max_num_of_tokens_per_rank}")
-        self._check_device(routing_map)
+        self._check_device(routing_map.device)
         topo, T, E = self.topo, tokens, self.experts
         dev = self.device
         s2d = torch.empty(topo.num_of_nodes * T, topo.ranks_per_domain, dtype=torch.int32,
@@ -266,7 +282,7 @@ class CudaEngine:
         dispatch grid write the expert-major rows as chunks arrive; returns those rows and the
         permuted layout."""
         self.check_status()
-        self._check_device(hidden)
+        self._check_device(hidden.device)
         row_bytes = self._row_bytes(hidden)
         if hidden.data_ptr() % 16 != 0:  # TMA copies need 16-byte aligned rows
             hidden = hidden.clone()
@@ -348,6 +364,39 @@ class CudaEngine:
     def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
         return self._combine(hidden, probs, layout, tokens, num_tokens, None)
 
+    def combine_input(self, rows: int, cols: int, device: torch.device) -> torch.Tensor:
+        """BF16 [rows, cols] over this rank's combine region, for the next combine's input;
+        first, on the stream, the wait for the peers to finish pulling from that region."""
+        self.check_status()
+        self._check_device(device, "handle")
+        if rows * cols * 2 > self._combine_region[1]:
+            raise RuntimeError(f"internal: {rows} x {cols} BF16 rows exceed the combine region "
+                               f"of {self._combine_region[1]} bytes")
+        if not self._claimed:
+            self.runtime.claim_combine_input(self._stream())
+            self._claimed = True
+        return self._views.rows(self.runtime, self._combine_region[0], rows, cols, self.device)
+
+    def _rows_in_place(self, hidden: torch.Tensor, claimed: bool, unpermute: bool) -> bool:
+        """Whether ``hidden`` is this rank's combine region (get_combine_input_buffer's
+        tensor), which the combine then reads without copying; refuses other overlaps."""
+        address, size = self._combine_region
+        begin = hidden.data_ptr()
+        if hidden.numel() == 0 or begin >= address + size or begin + 2 * hidden.numel() <= address:
+            return False
+        if begin != address:
+            raise ValueError("hidden: part of the tensor get_combine_input_buffer returned; pass "
+                             "that tensor whole, or expert outputs in a tensor of your own")
+        if unpermute:
+            raise ValueError("hidden: the tensor get_combine_input_buffer returned, which "
+                             "combine_with_unpermute overwrites with its sums; pass the permuted "
+                             "expert outputs in a tensor of your own")
+        if not claimed:
+            raise ValueError("hidden: the tensor get_combine_input_buffer returned serves one "
+                             "combine, which has run; call get_combine_input_buffer(handle) "
+                             "again (on every rank) before writing the next expert outputs")
+        return True
+
     def _fused_blocks(self, requested: int | None, kernel_sms: int, what: str) -> int:
         blocks = fused_blocks(requested, self._sms, kernel_sms, self._ranks_on_gpu,
                               mps_share=self._mps_share)
@@ -362,10 +411,14 @@ class CudaEngine:
         order, unpermuted into the registered buffer first, or (``fused``) by extra blocks of
         the combine grid while it runs."""
         self.check_status()
-        self._check_device(hidden)
+        self._check_device(hidden.device)
         if hidden.dtype != torch.bfloat16:
             raise ValueError(f"hidden: {hidden.dtype} rows; the CUDA combine takes BF16 rows")
         self._row_bytes(hidden)
+        unpermute = dense_to_expert_map is not None
+        claimed = self._claimed
+        self._rows_in_place(hidden, claimed, unpermute)
+        self._claimed = False
         self._fresh_layout = False
         self._preprocessed = False
         out = torch.empty(num_tokens, hidden.shape[1], dtype=torch.bfloat16, device=self.device)
@@ -373,7 +426,6 @@ class CudaEngine:
         if probs is not None:
             out_probs = torch.empty(num_tokens, self.experts * self.topo.group_size,
                                     dtype=torch.float32, device=self.device)
-        unpermute = dense_to_expert_map is not None
         # Inside one domain the kernel reads this rank's rows of its own tokens from `hidden`
         # itself (TMA: 16-byte aligned), so only the peers' rows are staged.
         own = (layout.own_rows if (layout.own_rows is not None and not unpermute
@@ -392,7 +444,7 @@ class CudaEngine:
                              self._fused_blocks(self.config.num_blocks_unpermute,
                                                 self.config.num_sms_combine_api,
                                                 "num_sms_combine_api") if fused else 0,
-                             *own, self._stream())
+                             *own, claimed, self._stream())
         return out, out_probs
 
     # -- permute / unpermute ---------------------------------------------------------------------

@@ -77,6 +77,14 @@ def dispatch_combine(spec: dict, buf=None, reuse: bool = True) -> int:
     exp = orc.combine(r, [c[0] for c in combine_in], [c[1] for c in combine_in])
     assert_combined(combined, exp, "combined_token", r)
     assert_same(cprobs, exp["probs"], "combined_probs", r)
+    # the same inputs written into the tensor get_combine_input_buffer hands out
+    claimed = buf.get_combine_input_buffer(handle, hidden_dim=y.shape[1])
+    assert claimed.shape == y.shape and claimed.dtype == torch.bfloat16, \
+        f"[rank {r}] get_combine_input_buffer: {tuple(claimed.shape)} {claimed.dtype}"
+    claimed.copy_(y)
+    again, again_probs = buf.combine(hidden=claimed, probs=yp, handle=handle)
+    assert_same(again, combined, "combine of get_combine_input_buffer's tensor", r)
+    assert_same(again_probs, cprobs, "its combined_probs", r)
 
     if reuse:  # dispatch(hidden, handle=h): same rows, new data, no routing re-read
         again = gen_all_inputs(spec, salt="again")

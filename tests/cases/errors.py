@@ -173,6 +173,17 @@ CALL_CASES = {
         _with_handle,
         lambda st: st["buf"].combine_with_unpermute(hidden=st["dispatched"], handle=st["handle"]),
         ("handle",)),
+    "combine_input_without_handle": (_with_handle, lambda st: st["buf"].get_combine_input_buffer(
+        None), ("handle",)),
+    "combine_input_permute_handle": (
+        lambda g: _with_handle(g, permute=True),
+        lambda st: st["buf"].get_combine_input_buffer(st["handle"]), ("handle",)),
+    "combine_input_hidden_dim_unaligned": (
+        _with_handle, lambda st: st["buf"].get_combine_input_buffer(st["handle"], hidden_dim=72),
+        ("hidden_dim",)),
+    "combine_input_hidden_dim_above_buffer": (
+        _with_handle, lambda st: st["buf"].get_combine_input_buffer(st["handle"], hidden_dim=256),
+        ("hidden_dim",)),
     "num_permuted_tokens_not_multiple": (
         _basic, lambda st: _permute(st, pad_multiple=16, non_blocking=True,
                                     num_permuted_tokens=17),

@@ -112,6 +112,7 @@ void register_runtime(py::module_& m) {
              d["dispatch_rows"] = l.dispatch_rows;
              d["network_flags"] = l.network_flags;
              d["combine_rows"] = l.combine_rows;
+             d["combine_probs"] = l.combine_probs;
              d["total"] = l.total;
              return d;
            })
@@ -213,7 +214,8 @@ void register_runtime(py::module_& m) {
               int hidden_size, uintptr_t s2d, uintptr_t r2a, uintptr_t a2r, int handle_tokens,
               int num_tokens, uintptr_t out, uintptr_t out_probs, uintptr_t dense_to_expert_map,
               uintptr_t num_dispatched, int unpermute_blocks, uintptr_t chunk_layout,
-              int fused_unpermute_blocks, int own_begin, int own_end, uintptr_t stream) {
+              int fused_unpermute_blocks, int own_begin, int own_end, bool claimed,
+              uintptr_t stream) {
              run_combine(
                  r,
                  {ptr<const uint8_t>(hidden), ptr<const float>(probs), with_probs, num_rows,
@@ -221,9 +223,16 @@ void register_runtime(py::module_& m) {
                   handle_tokens, num_tokens, ptr<uint16_t>(out), ptr<float>(out_probs),
                   ptr<const int32_t>(dense_to_expert_map), ptr<const int32_t>(num_dispatched),
                   unpermute_blocks, ptr<const int32_t>(chunk_layout), fused_unpermute_blocks,
-                  RowRange{own_begin, own_end}},
+                  RowRange{own_begin, own_end}, claimed},
                  stream_of(stream));
-           });
+           })
+      .def(
+          "claim_combine_input",
+          [](Runtime& r, uintptr_t stream) { claim_combine_input(r, stream_of(stream)); },
+          "The combine's first barrier, early: the peers are done with this rank's combine "
+          "region once the stream passes it.")
+      .def("registered_address",
+           [](const Runtime& r) { return reinterpret_cast<uintptr_t>(r.registered()); });
 }
 
 }  // namespace hybrid_ep

@@ -28,7 +28,9 @@ UnpermuteParams unpermute_params(Runtime& runtime, const CombineCall& call) {
 // Copies this rank's combine input into its registered buffer: the rows as they are (but the
 // rows of its own tokens that the kernel reads in place, call.own), or (the unpermute path)
 // every dispatch row's fp32 sum of its expert outputs.
-void stage_rows(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
+// Rows already in the combine region (written there by the caller) are left as they are.
+void stage_rows(Runtime& runtime, const CombineCall& call, bool rows_in_place,
+                cudaStream_t stream) {
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
   uint8_t* base = runtime.registered();
@@ -37,8 +39,10 @@ void stage_rows(Runtime& runtime, const CombineCall& call, cudaStream_t stream) 
     return;
   }
   if (call.num_rows == 0) return;
-  copy_rows_outside(base + l.combine_rows, call.hidden, size_t(call.hidden_size) * 2, call.num_rows,
-                    call.own, stream);
+  if (!rows_in_place) {
+    copy_rows_outside(base + l.combine_rows, call.hidden, size_t(call.hidden_size) * 2,
+                      call.num_rows, call.own, stream);
+  }
   if (call.probs != nullptr) {
     copy_rows_outside(base + l.combine_probs, call.probs, s.prob_cols() * sizeof(float),
                       call.num_rows, call.own, stream);
@@ -46,6 +50,10 @@ void stage_rows(Runtime& runtime, const CombineCall& call, cudaStream_t stream) 
 }
 
 }  // namespace
+
+void claim_combine_input(Runtime& runtime, cudaStream_t stream) {
+  launch_domain_barrier(runtime.barrier(), stream);
+}
 
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
   const int T = runtime.handle_tokens(call.handle_tokens);  // forwarded tokens are n * T + t
@@ -61,11 +69,18 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   if (own_in_place && reinterpret_cast<uintptr_t>(call.hidden) % 16 != 0) {
     throw std::invalid_argument("combine: hidden must be 16-byte aligned to be read in place");
   }
-  // Peers may still be pulling from this rank's combine buffer (an earlier combine).
-  launch_domain_barrier(barrier, stream);
+  const bool rows_in_place = call.hidden == runtime.registered() + l.combine_rows;
+  if (rows_in_place && (!call.claimed || call.dense_to_expert_map != nullptr)) {
+    throw std::invalid_argument(
+        "combine: hidden is this rank's combine region, which only a plain combine right after "
+        "claim_combine_input may read in place");
+  }
+  // Peers may still be pulling from this rank's combine buffer (an earlier combine), unless
+  // claim_combine_input waited for them already.
+  if (!call.claimed) launch_domain_barrier(barrier, stream);
   const bool fused = call.dense_to_expert_map != nullptr && call.fused_unpermute_blocks > 0;
   if (!fused) {
-    stage_rows(runtime, call, stream);
+    stage_rows(runtime, call, rows_in_place, stream);
     // Every peer's rows are staged before anyone pulls.
     launch_domain_barrier(barrier, stream);
   }

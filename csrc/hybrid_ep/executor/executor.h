@@ -143,12 +143,21 @@ struct CombineCall {
   // Inside one domain, the rows of this rank's own tokens (plain combine): read by the kernel
   // from `hidden` and `probs` as they are, so they are not staged.
   RowRange own{};
+  // claim_combine_input ran since the last combine: the peers are done with this rank's
+  // combine region, so the call skips its first barrier. `hidden` may then be that region
+  // itself (the tensor claim_combine_input's caller handed out), whose rows are not copied.
+  bool claimed = false;
 };
 
 // Barrier, stage this rank's rows into its registered buffer (a copy, or the fp32 unpermute
 // sums), barrier, pull-and-reduce kernel; with several domains that kernel leaves fp32
 // partials and the network step exchanges and adds them.
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
+
+// The first step of a combine, taken early so that the caller may write its expert outputs
+// straight into this rank's combine region: waits (on the stream) until every peer has
+// finished pulling from it. The next run_combine must say `claimed`.
+void claim_combine_input(Runtime& runtime, cudaStream_t stream);
 
 // Copies between the caller's tensors and the registered buffer (buffer_copies.cpp).
 

@@ -68,6 +68,11 @@ class ReferenceEngine:
         return move
 
     # -- combine -----------------------------------------------------------------------------
+    @staticmethod
+    def combine_input(rows: int, cols: int, device: torch.device) -> torch.Tensor:
+        """A tensor for the next combine's input: nothing is registered here, so a plain one."""
+        return torch.empty(rows, cols, dtype=torch.bfloat16, device=device)
+
     def combine(self, hidden: torch.Tensor, probs: torch.Tensor | None,
                 layout: layouts.DispatchLayout, tokens: int, num_tokens: int):
         """``hidden`` [D, H] (any float dtype, summed in fp32), ``probs`` fp32 [D, E*R]."""

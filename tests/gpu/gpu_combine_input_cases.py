@@ -1,0 +1,174 @@
+"""Rank code of the GPU tests of get_combine_input_buffer (imported by the pool workers).
+
+The combine input written straight into the registered buffer: its combine must equal the same
+combine of an ordinary tensor bitwise (the same kernel sums the same copies in the same order)
+and the reference's within BF16 rounding; one claimed tensor serves one combine; a buffer that
+grows or is destroyed while such a tensor lives keeps that memory until the tensor goes.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+from gpu_cases import (
+    DRY_RUN,
+    _dispatch_pair,
+    combine_inputs,
+    domain_args,
+    job,
+    make_hidden,
+    make_routing,
+    reference_combine,
+    routing_args,
+)
+from gpu_checks import Stats, check_combine, first_mismatch
+
+from cases.check import plus_zero
+
+
+def _claimed(buf, spec, handle, rows: torch.Tensor) -> torch.Tensor:
+    """get_combine_input_buffer's tensor with ``rows`` written into it, as an expert would."""
+    zin = buf.get_combine_input_buffer(handle, hidden_dim=spec["H"])
+    assert zin.shape == rows.shape and zin.dtype == torch.bfloat16, \
+        f"get_combine_input_buffer: {tuple(zin.shape)} {zin.dtype}, expected " \
+        f"{tuple(rows.shape)} bfloat16"
+    zin.copy_(rows)
+    return zin
+
+
+def _check_equal(ctx, got, want, what: str) -> None:
+    for i, name in ((0, "rows"), (1, "probs")):
+        a, b = got[i], want[i]
+        if a is None or b is None:
+            assert a is None and b is None, f"{ctx.where()} {what} {name}: {a} vs {b}"
+            continue
+        assert torch.equal(plus_zero(a) if i == 0 else a, plus_zero(b) if i == 0 else b), \
+            f"{ctx.where()} {what} {name} differ from the plain combine's: " \
+            + first_mismatch(a, b)
+
+
+def _raises_on_every_rank(ctx, call, words: tuple, what: str) -> str:
+    """``call`` raises ValueError naming all ``words`` (on every rank: it launches nothing)."""
+    try:
+        call()
+    except ValueError as error:
+        message = str(error)
+        assert all(w in message for w in words), f"{ctx.where()} {what}: {message}"
+        return message
+    raise AssertionError(f"{ctx.where()} {what}: no ValueError")
+
+
+@job
+def combine_input(ctx, spec: dict) -> dict:
+    """Claimed input vs plain input (bitwise) vs reference; the round trip through a claimed
+    tensor; a claimed tensor passed to a second combine, and part of one, are refused."""
+    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
+    stats = Stats()
+    T = spec["tokens"][ctx.rank]
+    x, _ = make_hidden(ctx, spec, T, "x")
+    rt = make_routing(ctx, spec, T)
+    out, ref = _dispatch_pair(ctx, buf, spec, x, None, rt, stats, "dispatch")
+    handle, rows = out[3], out[0].shape[0]
+
+    y, yp, _, _ = combine_inputs(ctx, spec, rows, "claimed")
+    plain = buf.combine(hidden=y, probs=yp, handle=handle)
+    zin = _claimed(buf, spec, handle, y)
+    got = buf.combine(hidden=zin, probs=yp, handle=handle)
+    _check_equal(ctx, got, plain, "combine of the claimed tensor")
+    exp = reference_combine(buf, spec, y.cpu(), yp.cpu() if yp is not None else None, ref[3])
+    check_combine(ctx, got, exp, "combine of the claimed tensor vs reference", stats)
+
+    # The round trip, claimed twice in a row (the second claim returns the same region).
+    _claimed(buf, spec, handle, out[0])
+    zin = _claimed(buf, spec, handle, out[0])
+    back = buf.combine(hidden=zin, probs=out[1], handle=handle)
+    _check_equal(ctx, back, buf.combine(hidden=out[0], probs=out[1], handle=handle),
+                 "round trip through the claimed tensor")
+
+    refused = 0
+    if not DRY_RUN and rows > 0:  # the reference engine registers nothing
+        _raises_on_every_rank(ctx, lambda: buf.combine(hidden=zin, probs=out[1], handle=handle),
+                              ("get_combine_input_buffer", "again"), "a second combine of it")
+        refused += 1
+    # Half the tokens: fewer rows, which part of the claimed tensor then has.
+    half = max(T // 2, 0)
+    out2 = buf.dispatch(hidden=x[:half], **routing_args(spec, _first(rt, half)))
+    fewer = out2[0].shape[0]
+    counts = torch.tensor([fewer, rows - fewer], dtype=torch.int64)
+    dist.all_reduce(counts, op=dist.ReduceOp.MIN)
+    wide = _claimed(buf, spec, handle, out[0])
+    if not DRY_RUN and int(counts[0]) > 0 and int(counts[1]) > 0:
+        part = wide[1:1 + fewer]
+        _raises_on_every_rank(ctx, lambda: buf.combine(hidden=part, handle=out2[3]),
+                              ("part of the tensor",), "part of a claimed tensor")
+        refused += 1
+    # The claim stands after a refused call: the next combine reads the claimed rows.
+    back = buf.combine(hidden=wide, probs=out[1], handle=handle)
+    _check_equal(ctx, back, plain_round_trip(buf, out), "combine after a refused call")
+    return stats.as_dict(rows=rows, refused=refused)
+
+
+def _first(rt: dict, n: int) -> dict:
+    """The routing of the first ``n`` tokens (both forms)."""
+    return {key: value[:n] for key, value in rt.items()}
+
+
+def plain_round_trip(buf, out):
+    return buf.combine(hidden=out[0], probs=out[1], handle=out[3])
+
+
+@job
+def combine_input_lifetime(ctx, spec_small: dict, spec_big: dict) -> dict:
+    """A claimed tensor alive while the buffer grows and while it is destroyed: both warn on
+    every rank, and the tensor keeps its memory and values; the grown buffer hands out its
+    own region, and the old tensor is still an ordinary combine input."""
+    r = ctx.rank
+    stats = Stats()
+    buf = ctx.buffer(spec_small["H"], spec_small["max_tokens"][r], spec_small["E"])
+    T = spec_small["tokens"][r]
+    x, _ = make_hidden(ctx, spec_small, T, "x")
+    rt = make_routing(ctx, spec_small, T)
+    out, ref = _dispatch_pair(ctx, buf, spec_small, x, None, rt, stats, "small dispatch")
+    y, yp, _, _ = combine_inputs(ctx, spec_small, out[0].shape[0], "old")
+    old = _claimed(buf, spec_small, out[3], y)
+    buf.combine(hidden=old, probs=yp, handle=out[3])
+    kept = old.clone()
+
+    Tb = spec_big["tokens"][r]
+    xb, _ = make_hidden(ctx, spec_big, Tb, "x")
+    rtb = make_routing(ctx, spec_big, Tb)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        big = buf.dispatch(hidden=xb, **routing_args(spec_big, rtb))
+    _expect_view_warning(ctx, caught, "growth")
+    assert torch.equal(old, kept), f"{ctx.where()} the claimed tensor changed as the buffer grew"
+    zin = _claimed(buf, spec_big, big[3], big[0])
+    if not DRY_RUN and old.numel() and zin.numel():
+        assert zin.data_ptr() != old.data_ptr(), \
+            f"{ctx.where()} the grown buffer handed out the old region"
+    # The old tensor, now outside the registered buffer, is staged like any input.
+    got = buf.combine(hidden=old, probs=yp, handle=out[3])
+    exp = reference_combine(buf, spec_small, y.cpu(), yp.cpu() if yp is not None else None,
+                            ref[3])
+    check_combine(ctx, got, exp, "combine of the pre-growth tensor", stats)
+
+    zin = _claimed(buf, spec_big, big[3], big[0])
+    kept = zin.clone()
+    ctx.quiesce()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        buf.destroy()
+    _expect_view_warning(ctx, caught, "destroy")
+    assert torch.equal(zin, kept), f"{ctx.where()} the claimed tensor changed at destroy"
+    del old, zin
+    return stats.as_dict()
+
+
+def _expect_view_warning(ctx, caught, when: str) -> None:
+    if DRY_RUN:
+        return  # nothing registered: nothing to keep
+    found = [str(w.message) for w in caught if "get_combine_input_buffer" in str(w.message)]
+    assert found, f"{ctx.where()} {when} with a claimed tensor alive: no warning among " \
+                  f"{[str(w.message) for w in caught]}"

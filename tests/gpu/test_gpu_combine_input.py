@@ -1,0 +1,36 @@
+"""get_combine_input_buffer on the CUDA engine: expert outputs written into the registered
+buffer are combined where they are (no staging copy), equal to the plain combine bitwise; one
+claim serves one combine; growth and destroy keep a live tensor's memory."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_env import gpu_marks, placement_param
+from gpu_specs import growth_specs, make_spec, report, spec_id
+
+pytestmark = gpu_marks
+MODULE = "gpu_combine_input_cases"
+
+CASES = [
+    (1, {"H": 7168, "form": "topk", "k": 8, "E": 8, "tokens": [512]}),
+    (2, {"H": 2064, "form": "map", "k": 2, "probs": False, "max_tok": 300}),
+    (4, {"H": 4096, "form": "topk", "k": 2, "routing": "skew", "tokens": "equal", "max_tok": 128}),
+    (8, {"H": 7168, "form": "topk", "k": 8, "E": 8, "tokens": "equal", "max_tok": 128}),
+]
+
+
+@pytest.mark.parametrize("W,placement,case", [
+    placement_param(W, "shared", case, id_extra=spec_id(case)) for W, case in CASES])
+def test_combine_input(gpu_pools, record_property, W, placement, case):
+    spec = make_spec(W, tag="claimed", **case)
+    results = gpu_pools.run(W, placement, "combine_input", module=MODULE, spec=spec)
+    report(record_property, results, label=f"combine input W={W} {placement}")
+
+
+@pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
+                                         placement_param(4, "shared")])
+def test_combine_input_lifetime(gpu_pools, record_property, W, placement):
+    spec_small, spec_big, _ = growth_specs(W, 64, 300, tag="claimed")
+    results = gpu_pools.run(W, placement, "combine_input_lifetime", module=MODULE,
+                            spec_small=spec_small, spec_big=spec_big)
+    report(record_property, results, label=f"combine input lifetime W={W} {placement}")
