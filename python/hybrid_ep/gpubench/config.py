@@ -16,11 +16,15 @@ OPS = {
     "dispatch_bf16": ("dispatch bf16", "dispatch_kernel", "bf16"),
     "dispatch_fp8": ("dispatch fp8", "dispatch_kernel", "fp8"),
     "combine_bf16": ("combine bf16", "combine_kernel", "bf16"),
+    "combine_registered": ("combine bf16, input in place", "combine_kernel", "bf16"),
     "dispatch_permute": ("dispatch bf16 + permute", "dispatch_kernel", "bf16"),
     "dispatch_fused": ("dispatch bf16 + fused permute", "dispatch_kernel", "bf16"),
     "combine_unpermute": ("unpermute + combine", "combine_kernel", "bf16"),
     "combine_fused": ("fused unpermute + combine", "combine_kernel", "bf16"),
 }
+# The plain combine, of an input tensor of the caller's own or (combine_registered) of the one
+# get_combine_input_buffer handed out, which the combine reads in place.
+PLAIN_COMBINE_OPS = ("combine_bf16", "combine_registered")
 PAIRED_KERNELS = {"dispatch_permute": "permute_kernel", "combine_unpermute": "unpermute_kernel"}
 # fuse_permute_dispatch / fuse_unpermute_combine: one kernel each, the dispatch or combine grid
 # with permute or unpermute blocks (RunSpec.permute_blocks of them).

@@ -65,6 +65,11 @@ class _Rank:
         rows, rows_probs = out["bf16"][0], out["bf16"][1]
         out["combine"] = timer("combine_bf16",
                                lambda: buf.combine(rows, probs=rows_probs, handle=handle))
+        # The experts' outputs written into the registered buffer (their own work: untimed).
+        in_place = buf.get_combine_input_buffer(handle)
+        in_place.copy_(rows)
+        out["in_place"] = timer("combine_registered",
+                                lambda: buf.combine(in_place, probs=rows_probs, handle=handle))
         out["rows"] = int(rows.shape[0])
         out["copies"] = int((handle[0][: cfg.tokens] >= 0).sum())
         if cfg.permute:  # fresh routing: preprocessing runs in the call, as in training
@@ -118,6 +123,10 @@ class _Rank:
             self.tokens["hidden"], out["routing_map"], cfg.experts_per_rank))
         oracle.assert_same("combine: probs", combined_probs, out["probs"])
         checked.append(OPS["combine_bf16"][0])
+        for i, what in ((0, "rows"), (1, "probs")):
+            oracle.assert_same(f"combine, input in place: {what}", out["in_place"][i],
+                               out["combine"][i])
+        checked.append(OPS["combine_registered"][0])
         if cfg.permute:
             # Round trip through the identity expert: every token comes back as the BF16 of
             # its row times the experts it selected (an exact fp32 sum of equal rows), and its

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from .config import ALLOWANCE_S, OPS, PERMUTE_OPS, GpuBenchConfig, RunSpec
+from .config import ALLOWANCE_S, OPS, PERMUTE_OPS, PLAIN_COMBINE_OPS, GpuBenchConfig, RunSpec
 
 
 # ---- numbers ------------------------------------------------------------------------------------
@@ -26,7 +26,7 @@ def _bytes(cfg: GpuBenchConfig, ranks: int, op: str, rows: float, copies: float,
     H, T, E = cfg.hidden, cfg.tokens, cfg.experts_per_rank
     prob_cols = E * ranks  # one domain's columns
     combined = T * (2 * H + 4 * E * ranks)
-    if op == "combine_bf16":
+    if op in PLAIN_COMBINE_OPS:
         return {"moved": copies * (2 * H + 4 * E) + combined, "output": combined}
     if op in ("combine_unpermute", "combine_fused"):
         unpermute = permuted * (2 * H + 4) + rows * (4 * H + 4 * E)
@@ -105,7 +105,7 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
                                 + ALLOWANCE_S)
         ceiling = None
         if ceilings and op not in PERMUTE_OPS:  # the copy kernel models the plain kernels
-            pattern = "fan-in" if op == "combine_bf16" else "fan-out"
+            pattern = "fan-in" if op in PLAIN_COMBINE_OPS else "fan-out"
             row_bytes = cfg.hidden if dtype == "fp8" else 2 * cfg.hidden
             ceiling = _ceiling_at(ceilings, pattern, row_bytes, k_mean)
         traffic = _mean(per_sm)
