@@ -32,7 +32,7 @@ from hybrid_ep.gpubench.timing import common_start, short_kernel_name
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver", "cpu_op")
 LISTED_HOST_CALLS = 10  # host calls before the first launch, the ones taking longest
-TIMED = ("dispatch_bf16", "dispatch_fp8", "combine_bf16")
+TIMED = ("dispatch_bf16", "dispatch_fp8", "combine_bf16", "combine_registered")
 
 
 @dataclass
