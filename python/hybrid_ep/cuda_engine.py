@@ -382,11 +382,14 @@ class CudaEngine:
         tensor), which the combine then reads without copying; refuses other overlaps."""
         address, size = self._combine_region
         begin = hidden.data_ptr()
-        if hidden.numel() == 0 or begin >= address + size or begin + 2 * hidden.numel() <= address:
-            return False
+        # The address first, the row count after: a rank without rows must refuse a stale
+        # tensor as its peers do, or they would wait for it.
         if begin != address:
-            raise ValueError("hidden: part of the tensor get_combine_input_buffer returned; pass "
-                             "that tensor whole, or expert outputs in a tensor of your own")
+            if hidden.numel() and begin < address + size and begin + 2 * hidden.numel() > address:
+                raise ValueError("hidden: part of the tensor get_combine_input_buffer returned; "
+                                 "pass that tensor whole, or expert outputs in a tensor of your "
+                                 "own")
+            return False
         if unpermute:
             raise ValueError("hidden: the tensor get_combine_input_buffer returned, which "
                              "combine_with_unpermute overwrites with its sums; pass the permuted "

@@ -88,7 +88,9 @@ def combine_input(ctx, spec: dict) -> dict:
                  "round trip through the claimed tensor")
 
     refused = 0
-    if not DRY_RUN and rows > 0:  # the reference engine registers nothing
+    everyone = torch.tensor([rows], dtype=torch.int64)
+    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)  # every rank refuses, or none calls
+    if not DRY_RUN and int(everyone) > 0:  # the reference engine registers nothing
         _raises_on_every_rank(ctx, lambda: buf.combine(hidden=zin, probs=out[1], handle=handle),
                               ("get_combine_input_buffer", "again"), "a second combine of it")
         refused += 1

@@ -11,18 +11,23 @@ from gpu_specs import growth_specs, make_spec, report, spec_id
 pytestmark = gpu_marks
 MODULE = "gpu_combine_input_cases"
 
+# (W, ranks per NVLink domain, make_spec keyword arguments)
 CASES = [
-    (1, {"H": 7168, "form": "topk", "k": 8, "E": 8, "tokens": [512]}),
-    (2, {"H": 2064, "form": "map", "k": 2, "probs": False, "max_tok": 300}),
-    (4, {"H": 4096, "form": "topk", "k": 2, "routing": "skew", "tokens": "equal", "max_tok": 128}),
-    (8, {"H": 7168, "form": "topk", "k": 8, "E": 8, "tokens": "equal", "max_tok": 128}),
+    (1, 1, {"H": 7168, "form": "topk", "k": 8, "E": 8, "tokens": [512]}),
+    (2, 2, {"H": 2064, "form": "map", "k": 2, "probs": False, "max_tok": 300}),
+    (4, 4, {"H": 4096, "form": "topk", "k": 2, "routing": "skew", "tokens": "equal",
+            "max_tok": 128}),
+    (4, 2, {"H": 4096, "form": "topk", "k": 2, "max_tok": 200}),
+    (8, 8, {"H": 7168, "form": "topk", "k": 8, "E": 8, "tokens": "equal", "max_tok": 128}),
 ]
 
 
-@pytest.mark.parametrize("W,placement,case", [
-    placement_param(W, "shared", case, id_extra=spec_id(case)) for W, case in CASES])
-def test_combine_input(gpu_pools, record_property, W, placement, case):
+@pytest.mark.parametrize("W,placement,R,case", [
+    placement_param(W, "shared", R, case, id_extra=f"R{R}-{spec_id(case)}")
+    for W, R, case in CASES])
+def test_combine_input(gpu_pools, record_property, W, placement, R, case):
     spec = make_spec(W, tag="claimed", **case)
+    spec["R"] = R
     results = gpu_pools.run(W, placement, "combine_input", module=MODULE, spec=spec)
     report(record_property, results, label=f"combine input W={W} {placement}")
 
