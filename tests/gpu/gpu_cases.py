@@ -426,6 +426,18 @@ def _growth_warnings(caught) -> list:
             if issubclass(w.category, RuntimeWarning) and "growing" in str(w.message)]
 
 
+def dispatch_with_warnings(ctx: Ctx, buf, spec: dict):
+    """A dispatch of fresh inputs of ``spec`` on this rank, with the warnings it raised (a
+    growth warns). Returns (outputs, hidden, routing, warnings)."""
+    T = spec["tokens"][ctx.rank]
+    x, _ = make_hidden(ctx, spec, T, "x")
+    rt = make_routing(ctx, spec, T)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = buf.dispatch(hidden=x, **routing_args(spec, rt))
+    return out, x, rt, caught
+
+
 @job
 def growth(ctx: Ctx, spec_small: dict, spec_big: dict, spec_after: dict) -> dict:
     """A blocking dispatch with more tokens than the buffer holds grows it (warned, on every
@@ -438,12 +450,7 @@ def growth(ctx: Ctx, spec_small: dict, spec_big: dict, spec_after: dict) -> dict
     first = run_spec(ctx, buf, spec_small, stats, salt="/small")  # engine at the small size
     before = buf.max_num_of_tokens_per_rank
 
-    T = spec_big["tokens"][r]
-    x, _ = make_hidden(ctx, spec_big, T, "x")
-    rt = make_routing(ctx, spec_big, T)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = buf.dispatch(hidden=x, **routing_args(spec_big, rt))
+    out, x, rt, caught = dispatch_with_warnings(ctx, buf, spec_big)
     grew = _growth_warnings(caught)
     assert grew, f"{ctx.where()} no 'growing' RuntimeWarning from a dispatch of " \
                  f"{spec_big['tokens']} tokens into a buffer of {before}; got " \

@@ -16,6 +16,7 @@ from gpu_cases import (
     DRY_RUN,
     _dispatch_pair,
     combine_inputs,
+    dispatch_with_warnings,
     domain_args,
     job,
     make_hidden,
@@ -138,12 +139,7 @@ def combine_input_lifetime(ctx, spec_small: dict, spec_big: dict) -> dict:
     buf.combine(hidden=old, probs=yp, handle=out[3])
     kept = old.clone()
 
-    Tb = spec_big["tokens"][r]
-    xb, _ = make_hidden(ctx, spec_big, Tb, "x")
-    rtb = make_routing(ctx, spec_big, Tb)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        big = buf.dispatch(hidden=xb, **routing_args(spec_big, rtb))
+    big, _, _, caught = dispatch_with_warnings(ctx, buf, spec_big)
     _expect_view_warning(ctx, caught, "growth")
     assert torch.equal(old, kept), f"{ctx.where()} the claimed tensor changed as the buffer grew"
     zin = _claimed(buf, spec_big, big[3], big[0])
