@@ -13,6 +13,7 @@ def _step_events(step: int, t0: float) -> list[tuple[float, float, str]]:
     """One benchmark step's kernels in stream order; durations encode (step, op)."""
     order = [("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 1),  # pre
              ("dispatch_kernel", 2), ("dispatch_kernel", 3), ("combine_kernel", 4),
+             ("combine_kernel", 11),  # combine of the tensor get_combine_input_buffer gave
              ("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 5),
              ("permute_kernel", 6),
              ("allgather_kernel", 0), ("scan_kernel", 0), ("dispatch_kernel", 9),  # fused
@@ -34,6 +35,7 @@ def test_permute_pair_kernels_are_summed_per_op():
         assert result.kernel_s["dispatch_bf16"][n] == (base + 2) * 1e-6
         assert result.kernel_s["dispatch_fp8"][n] == (base + 3) * 1e-6
         assert result.kernel_s["combine_bf16"][n] == (base + 4) * 1e-6
+        assert result.kernel_s["combine_registered"][n] == (base + 11) * 1e-6
         assert abs(result.kernel_s["dispatch_permute"][n] - (2 * base + 11) * 1e-6) < 1e-12
         assert abs(result.kernel_s["combine_unpermute"][n] - (2 * base + 15) * 1e-6) < 1e-12
         assert result.kernel_s["dispatch_fused"][n] == (base + 9) * 1e-6
