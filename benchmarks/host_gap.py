@@ -22,30 +22,12 @@ import time
 
 import torch
 import torch.distributed as dist
+from host_time import TimedRuntime
 from one_rank import add_problem_args, commit, start, write_report
 
 GAP_S = 5e-3
 GAPS = ("none", "spin", "sleep", "spin, GPU busy", "all-reduce + spin")
 START_DELAY_S = 15.0  # the processes' set-up (import, buffer, first calls) before the agreed start
-
-
-class _Timed:
-    """The runtime, with the start and end of each combine call recorded."""
-
-    def __init__(self, runtime, marks: list):
-        self._runtime, self._marks = runtime, marks
-
-    def __getattr__(self, name):
-        attribute = getattr(self._runtime, name)
-        if name != "combine":
-            return attribute
-
-        def combine(*args):
-            begin = time.perf_counter()
-            attribute(*args)
-            self._marks.append((begin, time.perf_counter()))
-
-        return combine
 
 
 def _gap(kind: str) -> None:
@@ -68,9 +50,9 @@ def _process(args, index: int, start_at: float, queue) -> None:
     buf = rank.buffer
     rows, probs, _, handle = buf.dispatch(rank.hidden, probs=rank.probs,
                                           routing_map=rank.routing_map)
-    marks = []
     engine = buf._cuda_engine
-    engine.runtime = _Timed(engine.runtime, marks)
+    timed = TimedRuntime(engine.runtime)
+    engine.runtime = timed
     while time.time() < start_at:
         pass
     out = {}
@@ -78,7 +60,7 @@ def _process(args, index: int, start_at: float, queue) -> None:
         got = {"returns": [], "synchronised": [], "python before": [], "runtime call": []}
         for call in range(args.iters + 5):
             torch.cuda.synchronize()
-            marks.clear()
+            timed.first_launch = None
             _gap(kind)
             begin = time.perf_counter()
             combined = buf.combine(rows, probs=probs, handle=handle)
@@ -88,13 +70,12 @@ def _process(args, index: int, start_at: float, queue) -> None:
             del combined
             if call < 5:  # warm-up of this gap kind
                 continue
-            (enter, leave), = marks
             got["returns"].append(returned - begin)
             got["synchronised"].append(done - begin if kind != "spin, GPU busy" else float("nan"))
-            got["python before"].append(enter - begin)
-            got["runtime call"].append(leave - enter)
+            got["python before"].append(timed.first_launch - begin)  # the combine's entry
+            got["runtime call"].append(timed.seconds["combine"][-1])
         out[kind] = got
-    engine.runtime = engine.runtime._runtime
+    engine.runtime = timed.inner
     rank.close()
     queue.put(out)
 

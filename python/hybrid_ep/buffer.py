@@ -375,9 +375,8 @@ class HybridEPBuffer:
             if cols % v.BF16_ALIGN != 0 or cols > self.config.hidden_dim:
                 raise ValueError(f"hidden_dim={cols}: expected a multiple of {v.BF16_ALIGN} "
                                  f"up to the buffer's hidden_dim={self.config.hidden_dim}")
-        device = handle[0].device
-        engine = select_engine(self._env.engine, device, self._reference, self._cuda)
-        return engine.combine_input(made.num_dispatched_tokens, cols, device)
+        engine = self._engine(handle[0])
+        return engine.combine_input(made.num_dispatched_tokens, cols, handle[0].device)
 
     def _check_combine_input(self, hidden, probs, rows: int, probs_shape: tuple):
         self._input_rows(hidden, allow_fp8=False)

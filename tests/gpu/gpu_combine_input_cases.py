@@ -27,6 +27,7 @@ from gpu_cases import (
 from gpu_checks import Stats, check_combine, first_mismatch
 
 from cases.check import plus_zero
+from cases.common import raises
 
 
 def _claimed(buf, spec, handle, rows: torch.Tensor) -> torch.Tensor:
@@ -48,17 +49,6 @@ def _check_equal(ctx, got, want, what: str) -> None:
         assert torch.equal(plus_zero(a) if i == 0 else a, plus_zero(b) if i == 0 else b), \
             f"{ctx.where()} {what} {name} differ from the plain combine's: " \
             + first_mismatch(a, b)
-
-
-def _raises_on_every_rank(ctx, call, words: tuple, what: str) -> str:
-    """``call`` raises ValueError naming all ``words`` (on every rank: it launches nothing)."""
-    try:
-        call()
-    except ValueError as error:
-        message = str(error)
-        assert all(w in message for w in words), f"{ctx.where()} {what}: {message}"
-        return message
-    raise AssertionError(f"{ctx.where()} {what}: no ValueError")
 
 
 @job
@@ -92,11 +82,13 @@ def combine_input(ctx, spec: dict) -> dict:
     everyone = torch.tensor([rows], dtype=torch.int64)
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)  # every rank refuses, or none calls
     if not DRY_RUN and int(everyone) > 0:  # the reference engine registers nothing
-        _raises_on_every_rank(ctx, lambda: buf.combine(hidden=zin, probs=out[1], handle=handle),
-                              ("get_combine_input_buffer", "again"), "a second combine of it")
+        with raises("again") as caught:  # a second combine of it (launches nothing)
+            buf.combine(hidden=zin, probs=out[1], handle=handle)
+        assert caught[0].startswith("ValueError") and "get_combine_input_buffer" in caught[0], \
+            f"{ctx.where()} a second combine of it: {caught[0]}"
         refused += 1
     # Half the tokens: fewer rows, which part of the claimed tensor then has.
-    half = max(T // 2, 0)
+    half = T // 2
     out2 = buf.dispatch(hidden=x[:half], **routing_args(spec, _first(rt, half)))
     fewer = out2[0].shape[0]
     counts = torch.tensor([fewer, rows - fewer], dtype=torch.int64)
@@ -104,22 +96,20 @@ def combine_input(ctx, spec: dict) -> dict:
     wide = _claimed(buf, spec, handle, out[0])
     if not DRY_RUN and int(counts[0]) > 0 and int(counts[1]) > 0:
         part = wide[1:1 + fewer]
-        _raises_on_every_rank(ctx, lambda: buf.combine(hidden=part, handle=out2[3]),
-                              ("part of the tensor",), "part of a claimed tensor")
+        with raises("part of the tensor") as caught:
+            buf.combine(hidden=part, handle=out2[3])
+        assert caught[0].startswith("ValueError"), f"{ctx.where()} part of it: {caught[0]}"
         refused += 1
     # The claim stands after a refused call: the next combine reads the claimed rows.
     back = buf.combine(hidden=wide, probs=out[1], handle=handle)
-    _check_equal(ctx, back, plain_round_trip(buf, out), "combine after a refused call")
+    _check_equal(ctx, back, buf.combine(hidden=out[0], probs=out[1], handle=handle),
+                 "combine after a refused call")
     return stats.as_dict(rows=rows, refused=refused)
 
 
 def _first(rt: dict, n: int) -> dict:
     """The routing of the first ``n`` tokens (both forms)."""
     return {key: value[:n] for key, value in rt.items()}
-
-
-def plain_round_trip(buf, out):
-    return buf.combine(hidden=out[0], probs=out[1], handle=out[3])
 
 
 @job
