@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs N copies of a probe at once, as N ranks sharing one GPU (start MPS first, e.g. through
+# tools/gpu_run.sh with BENCH_RANKS=N), and prints the sum of the GB/s on each copy's last line.
+#
+#   bash benchmarks/cuda/processes.sh N PROBE [ARGS...]
+#
+# Every copy sets up, then waits for PROBE_START_AT (a Unix time a few seconds ahead, the same
+# for all) before timing, so that the copies' timed launches overlap.
+set -euo pipefail
+if [ $# -lt 2 ]; then sed -n '2,8p' "$0" >&2; exit 2; fi
+n=$1
+shift
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+export PROBE_START_AT
+PROBE_START_AT=$(python3 -c "import time; print(time.time() + 3)")
+for i in $(seq "$n"); do "$@" >"$logs/$i.txt" 2>&1 & done
+wait
+python3 - "$logs" "$n" "$*" <<'PY'
+import re, sys
+logs, n, args = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rates = []
+for i in range(1, n + 1):
+    text = open(f"{logs}/{i}.txt").read()
+    found = re.findall(r"([\d.]+) GB/s", text.strip().splitlines()[-1] if text.strip() else "")
+    rates.append(float(found[0]) if found else float("nan"))
+    if not found or "WRONG" in text:
+        print(f"copy {i}:", text[-400:])
+print(f"{n} copies of {args}: {sum(rates):.1f} GB/s in all, {min(rates):.0f}-{max(rates):.0f} each")
+PY
