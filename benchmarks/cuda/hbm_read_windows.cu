@@ -6,12 +6,17 @@
 // processes, so that all SMs refill their rings together.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I csrc -o /tmp/hrw benchmarks/cuda/hbm_read_windows.cu
-//   /tmp/hrw [ROWS 32768] [K 5] [BLOCKS 128] [SLOTS 14] [ITERS 20] [SCHEDULE [LOW 0]]
+//   /tmp/hrw [ROWS 32768] [K 5] [BLOCKS 128] [SLOTS 14] [ITERS 20] [SCHEDULE [LOW 0
+//            [ROUTED 0 [WARPS 0]]]]
 //
 // SCHEDULE runs one schedule only: steady, batch, loads:P:W or both:P:W (us); with LOW, a
 // block whose ring holds fewer than LOW loaded rows loads at once until the next window. Run
 // in several processes at once (MPS) with BLOCKS each for the 8-rank regime through
 // benchmarks/cuda/processes.sh, which sets PROBE_START_AT so that their timed launches overlap.
+// ROUTED 1: row r gets as many copies as top-8 of 64 uniform experts hit ranks of 8 (1-8,
+// 5.4 on average) instead of K. WARPS 1: the dispatch's roles (warps_kernel) instead of one
+// thread; WARPS 2: the same with a loader that fills any free slot (any_slot_kernel); no LOW
+// then, and no stores held back in the windows.
 //
 // One thread per block (one block per SM) drives a ring of SLOTS rows of 14336 B: TMA loads in,
 // one TMA bulk store per copy out. Schedules: steady (load as soon as a slot is free), batch
@@ -68,13 +73,20 @@ __global__ void fill(uint4* src, int rows) {
   }
 }
 
-__global__ void check(Destinations dst, int k, int rows, unsigned long long* bad) {
+// Copies of row r: k, or (routed) copies[r].
+__device__ __forceinline__ int copies_of(const uint8_t* copies, int k, int r) {
+  return copies != nullptr ? copies[r] : k;
+}
+
+__global__ void check(Destinations dst, int k, const uint8_t* copies, int rows,
+                      unsigned long long* bad) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(rows) * kVectors;
        i += size_t(gridDim.x) * blockDim.x) {
     const uint4 want = pattern(int(i / kVectors), int(i % kVectors));
+    const int kr = copies_of(copies, k, int(i / kVectors));
 #pragma unroll
     for (int j = 0; j < kMaxCopies; ++j) {
-      if (j >= k) break;
+      if (j >= kr) break;
       const uint4 got = reinterpret_cast<const uint4*>(dst.row[j])[i];
       if (got.x != want.x || got.y != want.y || got.z != want.z || got.w != want.w) {
         atomicAdd(bad, 1ull);
@@ -83,8 +95,8 @@ __global__ void check(Destinations dst, int k, int rows, unsigned long long* bad
   }
 }
 
-__global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int k, int slots,
-                            Gate gate) {
+__global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int k,
+                            const uint8_t* copies, int slots, Gate gate) {
   extern __shared__ __align__(128) uint8_t ring[];
   __shared__ uint64_t full[kMaxSlots];
   if (threadIdx.x != 0) return;
@@ -111,9 +123,10 @@ __global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int 
     if (stored < loaded && gate.stores_open(now)) {
       const int s = stored % slots;
       ptx::mbar_wait(&full[s], (stored / slots) & 1);
+      const int kr = copies_of(copies, k, row_of(stored));
 #pragma unroll
       for (int j = 0; j < kMaxCopies; ++j) {
-        if (j < k) {
+        if (j < kr) {
           ptx::bulk_store(dst.row[j] + size_t(row_of(stored)) * kRowBytes,
                           ring + size_t(s) * kRowBytes, kRowBytes);
         }
@@ -128,6 +141,140 @@ __global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int 
     }
   }
   ptx::bulk_wait<0>();
+}
+
+// The dispatch's roles: warp 0's lane 0 loads rows into the ring in order (gated as above);
+// store warp w (1..kStoreWarps) takes rows w - 1, w - 1 + kStoreWarps, ..., issues a row's
+// stores and frees its slot once they have read it.
+constexpr int kStoreWarps = 4;
+
+__global__ void warps_kernel(const uint8_t* src, Destinations dst, int rows, int k,
+                             const uint8_t* copies, int slots, Gate gate) {
+  extern __shared__ __align__(128) uint8_t ring[];
+  __shared__ uint64_t full[kMaxSlots], empty[kMaxSlots];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], 1);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if (lane != 0) return;
+  const int mine = (rows - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  const auto row_of = [&](int i) { return int(blockIdx.x) + i * int(gridDim.x); };
+  if (warp == 0) {
+    for (int i = 0; i < mine; ++i) {
+      const int s = i % slots;
+      ptx::mbar_wait(&empty[s], ((i / slots) & 1) ^ 1);
+      while (!gate.loads_open(ptx::global_timer_ns())) {
+      }
+      ptx::mbar_arrive_expect_tx(&full[s], kRowBytes);
+      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(row_of(i)) * kRowBytes, kRowBytes,
+                     &full[s]);
+    }
+    return;
+  }
+  for (int i = warp - 1; i < mine; i += kStoreWarps) {
+    const int s = i % slots;
+    ptx::mbar_wait(&full[s], (i / slots) & 1);
+    const int kr = copies_of(copies, k, row_of(i));
+#pragma unroll
+    for (int j = 0; j < kMaxCopies; ++j) {
+      if (j < kr) {
+        ptx::bulk_store(dst.row[j] + size_t(row_of(i)) * kRowBytes, ring + size_t(s) * kRowBytes,
+                        kRowBytes);
+      }
+    }
+    ptx::bulk_commit();
+    ptx::bulk_wait_read<0>();
+    ptx::mbar_arrive(&empty[s]);
+  }
+  ptx::bulk_wait<0>();
+}
+
+// The same roles, but the loader fills any free slot, not the next one in ring order: item i's
+// slot is published with its load (slot_of, behind full[i % kItems]), so a store warp still slow
+// on one row no longer holds back the loads of the slots freed after it.
+constexpr int kItems = 64;  // items in flight at most: slots + store warps
+
+__global__ void any_slot_kernel(const uint8_t* src, Destinations dst, int rows, int k,
+                                const uint8_t* copies, int slots, Gate gate) {
+  extern __shared__ __align__(128) uint8_t ring[];
+  __shared__ uint64_t full[kItems], empty[kMaxSlots];
+  __shared__ int slot_of[kItems];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kItems; ++i) ptx::mbar_init(&full[i], 1);
+    for (int s = 0; s < slots; ++s) ptx::mbar_init(&empty[s], 1);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if (lane != 0) return;
+  const int mine = (rows - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  const auto row_of = [&](int i) { return int(blockIdx.x) + i * int(gridDim.x); };
+  if (warp == 0) {
+    uint32_t busy = 0, phases = 0;  // per slot: holds a row; parity of its next release
+    int next = 0;
+    for (int i = 0; i < mine; ++i) {
+      int s = -1;
+      while (s < 0) {  // the first free slot from `next` on
+        for (int n = 0; n < slots && s < 0; ++n) {
+          const int c = (next + n) % slots;
+          if (busy >> c & 1) {
+            if (!ptx::mbar_try_wait(&empty[c], phases >> c & 1)) continue;
+            busy &= ~(1u << c);
+            phases ^= 1u << c;
+          }
+          s = c;
+        }
+      }
+      next = (s + 1) % slots;
+      busy |= 1u << s;
+      while (!gate.loads_open(ptx::global_timer_ns())) {
+      }
+      slot_of[i % kItems] = s;
+      ptx::mbar_arrive_expect_tx(&full[i % kItems], kRowBytes);
+      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(row_of(i)) * kRowBytes, kRowBytes,
+                     &full[i % kItems]);
+    }
+    return;
+  }
+  for (int i = warp - 1; i < mine; i += kStoreWarps) {
+    ptx::mbar_wait(&full[i % kItems], (i / kItems) & 1);
+    const int s = slot_of[i % kItems];
+    const int kr = copies_of(copies, k, row_of(i));
+#pragma unroll
+    for (int j = 0; j < kMaxCopies; ++j) {
+      if (j < kr) {
+        ptx::bulk_store(dst.row[j] + size_t(row_of(i)) * kRowBytes, ring + size_t(s) * kRowBytes,
+                        kRowBytes);
+      }
+    }
+    ptx::bulk_commit();
+    ptx::bulk_wait_read<0>();
+    ptx::mbar_arrive(&empty[s]);
+  }
+  ptx::bulk_wait<0>();
+}
+
+// Distinct ranks among top-8 of 64 experts (8 per rank), uniform: the dispatch's copies per
+// token at 8 ranks (5.4 on average).
+std::vector<uint8_t> routed_copies(int rows) {
+  std::vector<uint8_t> out(rows);
+  uint64_t x = 88172645463325252ull;
+  for (int r = 0; r < rows; ++r) {
+    uint64_t experts = 0;
+    while (__builtin_popcountll(experts) < 8) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      experts |= 1ull << (x % 64);
+    }
+    int ranks = 0;
+    for (int j = 0; j < 8; ++j) ranks += ((experts >> (8 * j)) & 0xff) != 0;
+    out[r] = uint8_t(ranks);
+  }
+  return out;
 }
 
 struct Run {
@@ -158,6 +305,8 @@ int main(int argc, char** argv) {
   const int iters = argc > 5 ? std::atoi(argv[5]) : 20;
   const char* only = argc > 6 ? argv[6] : nullptr;
   const int low = argc > 7 ? std::atoi(argv[7]) : 0;
+  const bool routed = argc > 8 && std::atoi(argv[8]) != 0;
+  const int warps = argc > 9 ? std::atoi(argv[9]) : 0;
   if (k < 1 || k > kMaxCopies || slots <= kStoresReading || slots > kMaxSlots) {
     std::fprintf(stderr, "K must be 1..%d and SLOTS %d..%d\n", kMaxCopies, kStoresReading + 1,
                  kMaxSlots);
@@ -170,16 +319,35 @@ int main(int argc, char** argv) {
   HYBRID_EP_CUDA_CHECK(cudaMalloc(&bad, sizeof(*bad)));
   fill<<<512, 256>>>(reinterpret_cast<uint4*>(src), rows);
   Destinations dst{};
-  for (int j = 0; j < k; ++j) HYBRID_EP_CUDA_CHECK(cudaMalloc(&dst.row[j], bytes));
+  const int buffers = routed ? kMaxCopies : k;
+  for (int j = 0; j < buffers; ++j) HYBRID_EP_CUDA_CHECK(cudaMalloc(&dst.row[j], bytes));
+  uint8_t* copies = nullptr;
+  double writes = k;  // per row, on average
+  if (routed) {
+    const std::vector<uint8_t> host = routed_copies(rows);
+    writes = 0;
+    for (const uint8_t c : host) writes += double(c) / rows;
+    HYBRID_EP_CUDA_CHECK(cudaMalloc(&copies, rows));
+    HYBRID_EP_CUDA_CHECK(cudaMemcpy(copies, host.data(), rows, cudaMemcpyHostToDevice));
+  }
   const int smem = slots * kRowBytes;
   HYBRID_EP_CUDA_CHECK(
       cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  HYBRID_EP_CUDA_CHECK(
+      cudaFuncSetAttribute(warps_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  HYBRID_EP_CUDA_CHECK(
+      cudaFuncSetAttribute(any_slot_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const auto seconds = [&](auto launch) { return best_seconds(launch, iters); };
   const double roofline =
       2.0 * bytes / seconds([&] {
         HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(dst.row[0], src, bytes, cudaMemcpyDeviceToDevice));
       });
-  std::printf("rows %d, k %d, %d blocks, %d slots of %d B\n", rows, k, blocks, slots, kRowBytes);
+  std::printf("rows %d, k %s%.2f, %d blocks, %d slots of %d B, %s\n", rows,
+              routed ? "routed top-8 of 64 experts on 8 ranks: " : "", writes, blocks, slots,
+              kRowBytes,
+              warps == 2 ? "loader (any free slot) + 4 store warps"
+              : warps    ? "loader + 4 store warps"
+                         : "one thread");
   std::printf("%-34s %9.1f GB/s (roofline)\n", "cudaMemcpyAsync 1:1", roofline / 1e9);
   if (const char* at = std::getenv("PROBE_START_AT")) {  // processes.sh: all copies at once
     HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -198,14 +366,23 @@ int main(int argc, char** argv) {
   if (only != nullptr) runs = {parse_run(only)};
   for (const Run& r : runs) {
     const Gate gate{r.schedule, uint64_t(r.period_us) * 1000, uint64_t(r.window_us) * 1000, low};
-    for (int j = 0; j < k; ++j) HYBRID_EP_CUDA_CHECK(cudaMemset(dst.row[j], 0, bytes));
-    const double s =
-        seconds([&] { ring_kernel<<<blocks, 32, smem>>>(src, dst, rows, k, slots, gate); });
+    for (int j = 0; j < buffers; ++j) HYBRID_EP_CUDA_CHECK(cudaMemset(dst.row[j], 0, bytes));
+    const double s = seconds([&] {
+      if (warps == 2) {
+        any_slot_kernel<<<blocks, 32 * (1 + kStoreWarps), smem>>>(src, dst, rows, k, copies, slots,
+                                                                  gate);
+      } else if (warps) {
+        warps_kernel<<<blocks, 32 * (1 + kStoreWarps), smem>>>(src, dst, rows, k, copies, slots,
+                                                               gate);
+      } else {
+        ring_kernel<<<blocks, 32, smem>>>(src, dst, rows, k, copies, slots, gate);
+      }
+    });
     HYBRID_EP_CUDA_CHECK(cudaMemset(bad, 0, sizeof(*bad)));
-    check<<<512, 256>>>(dst, k, rows, bad);
+    check<<<512, 256>>>(dst, k, copies, rows, bad);
     unsigned long long wrong = 0;
     HYBRID_EP_CUDA_CHECK(cudaMemcpy(&wrong, bad, sizeof(wrong), cudaMemcpyDeviceToHost));
-    const double moved = double(bytes) * (1 + k);
+    const double moved = double(bytes) * (1 + writes);
     std::printf("%-6s P %3d us W %2d us low %d: %9.1f GB/s %6.3f of the roofline%s\n", r.name,
                 r.period_us, r.window_us, low, moved / s / 1e9, moved / s / roofline,
                 wrong ? "  COPIES WRONG" : "");
