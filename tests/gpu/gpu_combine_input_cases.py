@@ -24,7 +24,7 @@ from gpu_cases import (
     reference_combine,
     routing_args,
 )
-from gpu_checks import Stats, check_combine, first_mismatch
+from gpu_checks import Stats, check_combine, check_same, first_mismatch
 
 from cases.check import plus_zero
 from cases.common import raises
@@ -105,6 +105,52 @@ def combine_input(ctx, spec: dict) -> dict:
     _check_equal(ctx, back, buf.combine(hidden=out[0], probs=out[1], handle=handle),
                  "combine after a refused call")
     return stats.as_dict(rows=rows, refused=refused)
+
+
+@job
+def combine_input_graph(ctx, spec: dict, replays: int) -> dict:
+    """A dispatch with a fixed handle, the expert writing into get_combine_input_buffer's tensor
+    and the combine of it, captured once in a CUDA graph and replayed with fresh hidden rows:
+    every replay against the reference (a capture fails on any host synchronisation, and the
+    claim's barrier must stay matched with the combine's on every replay)."""
+    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
+    stats = Stats()
+    T = spec["tokens"][ctx.rank]
+    x, _ = make_hidden(ctx, spec, T, "x0")
+    rt = make_routing(ctx, spec, T)
+    out, ref = _dispatch_pair(ctx, buf, spec, x, None, rt, stats, "dispatch")
+    handle = out[3]
+    static_x = x.clone()
+
+    def step():
+        rows = buf.dispatch(hidden=static_x, handle=handle)[0]
+        zin = buf.get_combine_input_buffer(handle)
+        zin.copy_(rows * 0.5)  # the "expert": a fixed function of the rows
+        return rows, buf.combine(hidden=zin, handle=handle)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    ctx.quiesce()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_rows, captured_combined = step()
+    ctx.quiesce()
+    for n in range(1, replays + 1):
+        x, _ = make_hidden(ctx, spec, T, f"x{n}")
+        static_x.copy_(x)
+        graph.replay()
+        ctx.sync()
+        ref_rows = buf.dispatch(hidden=x.cpu(), handle=ref[3])[0]
+        check_same(ctx, captured_rows, ref_rows, f"replay {n}: dispatched rows")
+        exp = reference_combine(buf, spec, ref_rows * 0.5, None, ref[3])
+        check_combine(ctx, captured_combined, exp, f"replay {n}: combine of the claimed tensor",
+                      stats)
+        ctx.quiesce()
+    del graph
+    return stats.as_dict(replays=replays)
 
 
 def _first(rt: dict, n: int) -> dict:

@@ -1,9 +1,11 @@
 """get_combine_input_buffer on the CUDA engine: expert outputs written into the registered
 buffer are combined where they are (no staging copy), equal to the plain combine bitwise; one
-claim serves one combine; growth and destroy keep a live tensor's memory."""
+claim serves one combine; growth and destroy keep a live tensor's memory; the claim and its
+combine replay in a CUDA graph."""
 
 from __future__ import annotations
 
+import gpu_env
 import pytest
 from gpu_env import gpu_marks, placement_param
 from gpu_specs import growth_specs, make_spec, report, spec_id
@@ -39,3 +41,15 @@ def test_combine_input_lifetime(gpu_pools, record_property, W, placement):
     results = gpu_pools.run(W, placement, "combine_input_lifetime", module=MODULE,
                             spec_small=spec_small, spec_big=spec_big)
     report(record_property, results, label=f"combine input lifetime W={W} {placement}")
+
+
+@pytest.mark.skipif(gpu_env.DRY_RUN, reason="CUDA graphs need a GPU (dry run on the CPU)")
+@pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
+                                         placement_param(4, "shared")])
+def test_combine_input_graph_replay(gpu_pools, record_property, W, placement):
+    spec = make_spec(W, H=1024, form="map", k=2, E=4, tokens="equal", max_tok=64,
+                     probs=False, tag="claimed-graph")
+    results = gpu_pools.run(W, placement, "combine_input_graph", module=MODULE, timeout_s=240,
+                            spec=spec, replays=20)
+    assert all(r["replays"] == 20 for r in results), results
+    report(record_property, results, label=f"combine input graph replay W={W} {placement}")
