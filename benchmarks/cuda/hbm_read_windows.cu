@@ -95,6 +95,24 @@ __global__ void check(Destinations dst, int k, const uint8_t* copies, int rows,
   }
 }
 
+// One TMA bulk store of the row in `slot` per copy.
+__device__ __forceinline__ void store_copies(const Destinations& dst, int copies, int row,
+                                             const uint8_t* slot) {
+#pragma unroll
+  for (int j = 0; j < kMaxCopies; ++j) {
+    if (j < copies) ptx::bulk_store(dst.row[j] + size_t(row) * kRowBytes, slot, kRowBytes);
+  }
+}
+
+// A store warp's turn: the row's copies, then its slot back to the loader once they read it.
+__device__ __forceinline__ void store_and_free(const Destinations& dst, int copies, int row,
+                                               const uint8_t* ring, int s, uint64_t* empty) {
+  store_copies(dst, copies, row, ring + size_t(s) * kRowBytes);
+  ptx::bulk_commit();
+  ptx::bulk_wait_read<0>();
+  ptx::mbar_arrive(empty);
+}
+
 __global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int k,
                             const uint8_t* copies, int slots, Gate gate) {
   extern __shared__ __align__(128) uint8_t ring[];
@@ -123,14 +141,8 @@ __global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int 
     if (stored < loaded && gate.stores_open(now)) {
       const int s = stored % slots;
       ptx::mbar_wait(&full[s], (stored / slots) & 1);
-      const int kr = copies_of(copies, k, row_of(stored));
-#pragma unroll
-      for (int j = 0; j < kMaxCopies; ++j) {
-        if (j < kr) {
-          ptx::bulk_store(dst.row[j] + size_t(row_of(stored)) * kRowBytes,
-                          ring + size_t(s) * kRowBytes, kRowBytes);
-        }
-      }
+      store_copies(dst, copies_of(copies, k, row_of(stored)), row_of(stored),
+                   ring + size_t(s) * kRowBytes);
       ptx::bulk_commit();
       ++stored;
       ptx::bulk_wait_read<kStoresReading>();
@@ -179,17 +191,7 @@ __global__ void warps_kernel(const uint8_t* src, Destinations dst, int rows, int
   for (int i = warp - 1; i < mine; i += kStoreWarps) {
     const int s = i % slots;
     ptx::mbar_wait(&full[s], (i / slots) & 1);
-    const int kr = copies_of(copies, k, row_of(i));
-#pragma unroll
-    for (int j = 0; j < kMaxCopies; ++j) {
-      if (j < kr) {
-        ptx::bulk_store(dst.row[j] + size_t(row_of(i)) * kRowBytes, ring + size_t(s) * kRowBytes,
-                        kRowBytes);
-      }
-    }
-    ptx::bulk_commit();
-    ptx::bulk_wait_read<0>();
-    ptx::mbar_arrive(&empty[s]);
+    store_and_free(dst, copies_of(copies, k, row_of(i)), row_of(i), ring, s, &empty[s]);
   }
   ptx::bulk_wait<0>();
 }
@@ -244,17 +246,7 @@ __global__ void any_slot_kernel(const uint8_t* src, Destinations dst, int rows, 
   for (int i = warp - 1; i < mine; i += kStoreWarps) {
     ptx::mbar_wait(&full[i % kItems], (i / kItems) & 1);
     const int s = slot_of[i % kItems];
-    const int kr = copies_of(copies, k, row_of(i));
-#pragma unroll
-    for (int j = 0; j < kMaxCopies; ++j) {
-      if (j < kr) {
-        ptx::bulk_store(dst.row[j] + size_t(row_of(i)) * kRowBytes, ring + size_t(s) * kRowBytes,
-                        kRowBytes);
-      }
-    }
-    ptx::bulk_commit();
-    ptx::bulk_wait_read<0>();
-    ptx::mbar_arrive(&empty[s]);
+    store_and_free(dst, copies_of(copies, k, row_of(i)), row_of(i), ring, s, &empty[s]);
   }
   ptx::bulk_wait<0>();
 }

@@ -305,6 +305,22 @@ def _combine_pair(ctx, buf, spec, handle, ref_handle, rows, salt, stats, what):
     check_combine(ctx, got, exp, what, stats)
 
 
+def capture_graph(ctx: Ctx, step):
+    """``step`` run once on a side stream (engine made, kernels loaded), then captured in a
+    CUDA graph. Returns (graph, what the captured call returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    ctx.quiesce()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    ctx.quiesce()
+    return graph, captured
+
+
 def run_spec(ctx: Ctx, buf, spec: dict, stats: Stats, salt: str = "") -> dict:
     """One dispatch (+ round trip) and combine(s) of ``spec`` on ``buf``, against the
     reference; with ``reuse``: dispatch again with the handle, combine twice with it."""

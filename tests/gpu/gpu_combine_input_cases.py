@@ -15,6 +15,7 @@ import torch.distributed as dist
 from gpu_cases import (
     DRY_RUN,
     _dispatch_pair,
+    capture_graph,
     combine_inputs,
     dispatch_with_warnings,
     domain_args,
@@ -128,16 +129,7 @@ def combine_input_graph(ctx, spec: dict, replays: int) -> dict:
         zin.copy_(rows * 0.5)  # the "expert": a fixed function of the rows
         return rows, buf.combine(hidden=zin, handle=handle)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up on the capture stream
-    torch.cuda.current_stream().wait_stream(side)
-    ctx.quiesce()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured_rows, captured_combined = step()
-    ctx.quiesce()
+    graph, (captured_rows, captured_combined) = capture_graph(ctx, step)
     for n in range(1, replays + 1):
         x, _ = make_hidden(ctx, spec, T, f"x{n}")
         static_x.copy_(x)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from gpu_cases import (
     FP8_KINDS,
+    capture_graph,
     cpu,
     domain_args,
     hidden_args,
@@ -199,16 +200,7 @@ def graph_replay(ctx, spec: dict, replays: int) -> dict:
                                               fuse_unpermute_combine=spec.get("fused", False))
         return out, combined
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up on the capture stream: engine, kernels loaded
-    torch.cuda.current_stream().wait_stream(side)
-    ctx.quiesce()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured_out, captured_combined = step()
-    ctx.quiesce()
+    graph, (captured_out, captured_combined) = capture_graph(ctx, step)
     for n in range(1, replays + 1):
         x, rt = fresh(n)
         static_x.copy_(x)
