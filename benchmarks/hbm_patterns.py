@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 
+import libcudart
 import torch
 
 
@@ -39,14 +40,11 @@ def main() -> None:
     # row-major fan-out: a row's k copies are written one after another, so it is read once
     fan = torch.empty(src.shape[0], k, src.shape[1], device="cuda", dtype=src.dtype)
     one = torch.empty_like(src)
-    cudart = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
 
     def memset() -> None:
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        status = cudart.cudaMemsetAsync(ctypes.c_void_p(fan.data_ptr()), 0,
-                                        ctypes.c_size_t(fan.numel() * 2), stream)
-        if status != 0:
-            raise RuntimeError(f"cudaMemsetAsync failed with CUDA error {status}")
+        libcudart.call("cudaMemsetAsync", ctypes.c_void_p(fan.data_ptr()), 0,
+                    ctypes.c_size_t(fan.numel() * 2), stream)
 
     cases = {
         f"write only ({k} x rows, zero_)": (lambda: fan.zero_(), k * src.numel() * 2),

@@ -60,7 +60,8 @@ def opened(tensor: torch.Tensor, world: int, rank: int) -> list[torch.Tensor]:
 
 
 def concurrent_seconds(fn, iters: int) -> float:
-    """Wall time of `iters` calls of fn on every rank at once, common start to last finish."""
+    """Seconds per call: the wall time of `iters` calls of fn on every rank at once, common
+    start to last finish, over `iters` (per_call_seconds's unit)."""
     fn()
     torch.cuda.synchronize()
     dist.barrier()
@@ -69,7 +70,7 @@ def concurrent_seconds(fn, iters: int) -> float:
         fn()
     torch.cuda.synchronize()
     dist.barrier()
-    return time.perf_counter() - start
+    return (time.perf_counter() - start) / iters
 
 
 def per_call_seconds(fn, iters: int) -> float:
@@ -110,12 +111,9 @@ def rank_main(rank: int, world: int, args, port: int, results) -> None:
     if k == world:
         cases["by_source"] = partial(copy_rows, src, dst, rows, args, blocks, by_source)
     cases["spread"] = partial(copy_rows, src, dst, rows, args, blocks, spread)  # last: checked
-    if args.per_call:
-        moved = world * region * (k + 1)
-        out = {name: moved / per_call_seconds(fn, args.iters) for name, fn in cases.items()}
-    else:
-        moved = world * region * (k + 1) * args.iters
-        out = {name: moved / concurrent_seconds(fn, args.iters) for name, fn in cases.items()}
+    seconds = per_call_seconds if args.per_call else concurrent_seconds
+    moved = world * region * (k + 1)  # per call, all ranks
+    out = {name: moved / seconds(fn, args.iters) for name, fn in cases.items()}
     # After the last (spread) copies, region j of this rank holds rank (rank - j)'s rows:
     # compare every 97th row.
     firsts = [None] * world

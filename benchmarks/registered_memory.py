@@ -31,6 +31,7 @@ import argparse
 import ctypes
 from dataclasses import dataclass, field
 
+import libcudart
 import torch
 import torch.distributed as dist
 from one_rank import commit, write_report
@@ -56,42 +57,45 @@ class RawIpcMemory:
         _fields_ = [("reserved", ctypes.c_char * 64)]  # cudaIpcMemHandle_t
 
     def __init__(self, size: int, world: int, rank: int):
-        self.cudart = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
-        self.cudart.cudaIpcOpenMemHandle.argtypes = [ctypes.POINTER(ctypes.c_void_p),
-                                                     self.Handle, ctypes.c_uint]
+        libcudart.runtime().cudaIpcOpenMemHandle.argtypes = [
+            ctypes.POINTER(ctypes.c_void_p), self.Handle, ctypes.c_uint]
         self.rank, self.base = rank, ctypes.c_void_p()
-        self.call("cudaMalloc", ctypes.byref(self.base), ctypes.c_size_t(size))
-        self.call("cudaMemset", self.base, 0, ctypes.c_size_t(size))
-        self.call("cudaDeviceSynchronize")
+        libcudart.call("cudaMalloc", ctypes.byref(self.base), ctypes.c_size_t(size))
+        libcudart.call("cudaMemset", self.base, 0, ctypes.c_size_t(size))
+        libcudart.call("cudaDeviceSynchronize")
         mine = self.Handle()
-        self.call("cudaIpcGetMemHandle", ctypes.byref(mine), self.base)
+        libcudart.call("cudaIpcGetMemHandle", ctypes.byref(mine), self.base)
         handles = [None] * world
         # (not `mine.reserved`: a c_char array reads back only up to its first zero byte)
         dist.all_gather_object(handles, bytes(mine))
         self.bases = []
-        for p, raw in enumerate(handles):
-            if p == rank:
-                self.bases.append(self.base.value)
-                continue
-            opened_at = ctypes.c_void_p()
-            lazy_peer_access = 1  # cudaIpcMemLazyEnablePeerAccess
-            self.call("cudaIpcOpenMemHandle", ctypes.byref(opened_at),
-                      self.Handle.from_buffer_copy(raw), lazy_peer_access)
-            self.bases.append(opened_at.value)
-
-    def call(self, name: str, *args) -> None:
-        status = getattr(self.cudart, name)(*args)
-        if status != 0:
-            raise RuntimeError(f"{name} failed with CUDA error {status}")
+        try:
+            for p, raw in enumerate(handles):
+                if p == rank:
+                    self.bases.append(self.base.value)
+                    continue
+                opened_at = ctypes.c_void_p()
+                lazy_peer_access = 1  # cudaIpcMemLazyEnablePeerAccess
+                libcudart.call("cudaIpcOpenMemHandle", ctypes.byref(opened_at),
+                               self.Handle.from_buffer_copy(raw), lazy_peer_access)
+                self.bases.append(opened_at.value)
+        except RuntimeError:
+            # Unmap what this rank opened, best effort (the failed open is the error to
+            # report). Its own allocation stays: peers may map it, and freeing exported memory
+            # under them is undefined; the process is failing anyway.
+            for p, base in enumerate(self.bases):
+                if p != rank:
+                    libcudart.runtime().cudaIpcCloseMemHandle(ctypes.c_void_p(base))
+            raise
 
     def close(self) -> None:
         """Collective: unmaps the peers', then frees this rank's once no peer maps it."""
         torch.cuda.synchronize()
         for p, base in enumerate(self.bases):
             if p != self.rank:
-                self.call("cudaIpcCloseMemHandle", ctypes.c_void_p(base))
+                libcudart.call("cudaIpcCloseMemHandle", ctypes.c_void_p(base))
         dist.barrier()
-        self.call("cudaFree", self.base)
+        libcudart.call("cudaFree", self.base)
 
 
 def measure(cfg: GpuBenchConfig, spec: RunSpec, iters: int, rank: int) -> Bandwidths:
@@ -112,7 +116,7 @@ def measure(cfg: GpuBenchConfig, spec: RunSpec, iters: int, rank: int) -> Bandwi
                                          False, spec.sms, GpuBenchConfig.ceiling_stages, stream,
                                          IN_FLIGHT, STORE_LANES, RELEASE_EVERY, destinations)
 
-        result.cases[case] = moved * iters / concurrent_seconds(copy, iters)
+        result.cases[case] = moved / concurrent_seconds(copy, iters)
 
     dst = torch.empty(world * region, dtype=torch.uint8, device="cuda")
     bases = opened(dst, world, rank)
