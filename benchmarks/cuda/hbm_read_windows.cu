@@ -95,6 +95,12 @@ __global__ void check(Destinations dst, int k, const uint8_t* copies, int rows,
   }
 }
 
+// Every kernel's block takes rows blockIdx.x, blockIdx.x + gridDim.x, ...: how many, and which.
+__device__ __forceinline__ int block_row_count(int rows) {
+  return (rows - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+}
+__device__ __forceinline__ int block_row(int i) { return int(blockIdx.x) + i * int(gridDim.x); }
+
 // One TMA bulk store of the row in `slot` per copy.
 __device__ __forceinline__ void store_copies(const Destinations& dst, int copies, int row,
                                              const uint8_t* slot) {
@@ -120,8 +126,7 @@ __global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int 
   if (threadIdx.x != 0) return;
   for (int s = 0; s < slots; ++s) ptx::mbar_init(&full[s], 1);
   ptx::fence_barrier_init();
-  const int mine = (rows - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
-  const auto row_of = [&](int i) { return int(blockIdx.x) + i * int(gridDim.x); };
+  const int mine = block_row_count(rows);
   int loaded = 0, stored = 0, freed = 0;
   uint64_t free_until = 0;
   while (stored < mine) {
@@ -134,14 +139,14 @@ __global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int 
       for (; loaded < mine && loaded < freed + slots; ++loaded) {
         const int s = loaded % slots;
         ptx::mbar_arrive_expect_tx(&full[s], kRowBytes);
-        ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(row_of(loaded)) * kRowBytes,
+        ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(block_row(loaded)) * kRowBytes,
                        kRowBytes, &full[s]);
       }
     }
     if (stored < loaded && gate.stores_open(now)) {
       const int s = stored % slots;
       ptx::mbar_wait(&full[s], (stored / slots) & 1);
-      store_copies(dst, copies_of(copies, k, row_of(stored)), row_of(stored),
+      store_copies(dst, copies_of(copies, k, block_row(stored)), block_row(stored),
                    ring + size_t(s) * kRowBytes);
       ptx::bulk_commit();
       ++stored;
@@ -174,8 +179,7 @@ __global__ void warps_kernel(const uint8_t* src, Destinations dst, int rows, int
   }
   __syncthreads();
   if (lane != 0) return;
-  const int mine = (rows - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
-  const auto row_of = [&](int i) { return int(blockIdx.x) + i * int(gridDim.x); };
+  const int mine = block_row_count(rows);
   if (warp == 0) {
     for (int i = 0; i < mine; ++i) {
       const int s = i % slots;
@@ -183,15 +187,15 @@ __global__ void warps_kernel(const uint8_t* src, Destinations dst, int rows, int
       while (!gate.loads_open(ptx::global_timer_ns())) {
       }
       ptx::mbar_arrive_expect_tx(&full[s], kRowBytes);
-      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(row_of(i)) * kRowBytes, kRowBytes,
-                     &full[s]);
+      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(block_row(i)) * kRowBytes,
+                     kRowBytes, &full[s]);
     }
     return;
   }
   for (int i = warp - 1; i < mine; i += kStoreWarps) {
     const int s = i % slots;
     ptx::mbar_wait(&full[s], (i / slots) & 1);
-    store_and_free(dst, copies_of(copies, k, row_of(i)), row_of(i), ring, s, &empty[s]);
+    store_and_free(dst, copies_of(copies, k, block_row(i)), block_row(i), ring, s, &empty[s]);
   }
   ptx::bulk_wait<0>();
 }
@@ -214,8 +218,7 @@ __global__ void any_slot_kernel(const uint8_t* src, Destinations dst, int rows, 
   }
   __syncthreads();
   if (lane != 0) return;
-  const int mine = (rows - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
-  const auto row_of = [&](int i) { return int(blockIdx.x) + i * int(gridDim.x); };
+  const int mine = block_row_count(rows);
   if (warp == 0) {
     uint32_t busy = 0, phases = 0;  // per slot: holds a row; parity of its next release
     int next = 0;
@@ -238,15 +241,15 @@ __global__ void any_slot_kernel(const uint8_t* src, Destinations dst, int rows, 
       }
       slot_of[i % kItems] = s;
       ptx::mbar_arrive_expect_tx(&full[i % kItems], kRowBytes);
-      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(row_of(i)) * kRowBytes, kRowBytes,
-                     &full[i % kItems]);
+      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(block_row(i)) * kRowBytes,
+                     kRowBytes, &full[i % kItems]);
     }
     return;
   }
   for (int i = warp - 1; i < mine; i += kStoreWarps) {
     ptx::mbar_wait(&full[i % kItems], (i / kItems) & 1);
     const int s = slot_of[i % kItems];
-    store_and_free(dst, copies_of(copies, k, row_of(i)), row_of(i), ring, s, &empty[s]);
+    store_and_free(dst, copies_of(copies, k, block_row(i)), block_row(i), ring, s, &empty[s]);
   }
   ptx::bulk_wait<0>();
 }

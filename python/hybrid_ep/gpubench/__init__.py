@@ -26,11 +26,12 @@ Operations, each call with fresh random routing (top-k of uniform scores):
 ``dispatch bf16`` and ``dispatch fp8`` (handle of that dispatch), ``combine bf16`` (of the
 dispatched BF16 rows), ``combine bf16, input in place`` (the same rows copied, untimed, into the
 tensor ``get_combine_input_buffer`` hands out, as an expert writing its output there would: the
-call stages nothing; must equal ``combine bf16``), and (unless ``--no-permute``) ``dispatch bf16 + permute``
-(``dispatch_with_permute``, fresh routing, pad_multiple 16; kernel time = dispatch_kernel +
-permute_kernel), ``dispatch bf16 + fused permute`` (the same call with fuse_permute_dispatch:
-one dispatch_kernel grid whose extra blocks permute, ``--permute-blocks`` of them per rank;
-its outputs must equal the standalone ones), ``unpermute + combine``
+call stages nothing; must equal ``combine bf16``), and (unless ``--no-permute``)
+``dispatch bf16 + permute`` (``dispatch_with_permute``, fresh routing, pad_multiple 16; kernel
+time = dispatch_kernel + permute_kernel), ``dispatch bf16 + fused permute`` (the same call
+with fuse_permute_dispatch: one dispatch_kernel grid whose extra blocks permute,
+``--permute-blocks`` of them per rank; its outputs must equal the standalone ones),
+``unpermute + combine``
 (``combine_with_unpermute`` of its rows through the identity expert; unpermute_kernel +
 combine_kernel) and ``fused unpermute + combine`` (the same with fuse_unpermute_combine, of the
 fused op's rows: one combine_kernel grid with unpermute blocks; must equal the standalone). The first warm-up call of each is checked
