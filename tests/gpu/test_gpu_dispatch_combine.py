@@ -1,10 +1,10 @@
 """dispatch / combine on the CUDA engine against the reference engine (same buffer, CPU copies).
 
 A covering matrix rather than a product: over each world size (1, 2, 4, 8 ranks on GPU 0),
-every hidden size with each dtype it supports (FP8 needs H % 128 == 0: 7168 and 4096; 2064 is
-an odd multiple of 16, BF16 only), each top-k (1, 2, 8), each routing (uniform, skewed onto one
-rank, empty), both routing forms, with and without probs, ragged token counts with a rank of
-none, handle reuse and non-contiguous inputs. The first two cases of every world size also run
+every hidden size with each dtype it supports (FP8 needs H % 128 == 0: 7168, 4096 and 640;
+2064 is an odd multiple of 16, BF16 only), each top-k (1, 2, 8), each routing (uniform, skewed
+onto one rank, empty), both routing forms, with and without probs, ragged token counts with a
+rank of none, handle reuse and non-contiguous inputs. The first two cases of every world size also run
 with one rank per GPU where there are enough GPUs.
 """
 
@@ -29,6 +29,9 @@ MATRIX = [
              "strided": True}, False),
     (2, {"H": 7168, "dtype": "e4m3", "form": "map", "k": 2, "routing": "empty", "tokens": "equal",
              "max_tok": 64}, False),
+    # probs rows of 24 B and scale rows of 20 B: the copy-out's and staging's 4-byte path
+    (2, {"H": 640, "dtype": "e4m3", "form": "topk", "k": 2, "E": 3, "tokens": [200, 77],
+             "reuse": True}, False),
 
     (4, {"H": 7168, "form": "topk", "k": 8, "max_tok": 256, "max_tokens": "own", "reuse": True}, True),
     (4, {"H": 4096, "dtype": "e4m3", "form": "map", "k": 2, "routing": "skew", "tokens": "equal",

@@ -17,8 +17,7 @@ const void* network_source(Runtime& runtime, const void* source, size_t bytes,
   return staged;
 }
 
-void copy_rows_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip,
-                       cudaStream_t stream) {
+void RowCopies::add_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip) {
   if (skip.size() > 0 && (skip.begin < 0 || skip.end > rows)) {
     throw std::invalid_argument("rows [" + std::to_string(skip.begin) + ", " +
                                 std::to_string(skip.end) + ") to skip lie outside the " +
@@ -27,11 +26,19 @@ void copy_rows_outside(void* dst, const void* src, size_t row_bytes, int rows, R
   const RowRange cut = skip.size() > 0 ? skip : RowRange{rows, rows};
   for (const RowRange part : {RowRange{0, cut.begin}, RowRange{cut.end, rows}}) {
     if (part.size() == 0) continue;
+    if (params_.count == kMaxCopySegments) {
+      throw std::logic_error("RowCopies: more than " + std::to_string(kMaxCopySegments) +
+                             " ranges in one launch");
+    }
     const size_t offset = size_t(part.begin) * row_bytes;
-    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(
-        static_cast<uint8_t*>(dst) + offset, static_cast<const uint8_t*>(src) + offset,
-        size_t(part.size()) * row_bytes, cudaMemcpyDeviceToDevice, stream));
+    params_.segments[params_.count++] = {static_cast<const uint8_t*>(src) + offset,
+                                         static_cast<uint8_t*>(dst) + offset,
+                                         size_t(part.size()) * row_bytes};
   }
+}
+
+void RowCopies::launch(cudaStream_t stream) const {
+  if (params_.count > 0) launch_segment_copy(params_, stream);
 }
 
 }  // namespace hybrid_ep

@@ -39,14 +39,16 @@ void stage_rows(Runtime& runtime, const CombineCall& call, bool rows_in_place,
     return;
   }
   if (call.num_rows == 0) return;
+  RowCopies copies;
   if (!rows_in_place) {
-    copy_rows_outside(base + l.combine_rows, call.hidden, size_t(call.hidden_size) * 2,
-                      call.num_rows, call.own, stream);
+    copies.add_outside(base + l.combine_rows, call.hidden, size_t(call.hidden_size) * 2,
+                       call.num_rows, call.own);
   }
   if (call.probs != nullptr) {
-    copy_rows_outside(base + l.combine_probs, call.probs, s.prob_cols() * sizeof(float),
-                      call.num_rows, call.own, stream);
+    copies.add_outside(base + l.combine_probs, call.probs, s.prob_cols() * sizeof(float),
+                       call.num_rows, call.own);
   }
+  copies.launch(stream);
 }
 
 }  // namespace

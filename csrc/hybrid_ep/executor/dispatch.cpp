@@ -103,15 +103,17 @@ void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t s
   const uint8_t* base = runtime.registered();
   const int rows = out.rows_count;
   if (rows == 0) return;
-  copy_rows_outside(out.rows, base + l.dispatch_rows, out.row_bytes, rows, out.written, stream);
+  RowCopies copies;
+  copies.add_outside(out.rows, base + l.dispatch_rows, out.row_bytes, rows, out.written);
   if (out.probs != nullptr) {
-    copy_rows_outside(out.probs, base + l.dispatch_probs,
-                      runtime.shape().prob_cols() * sizeof(float), rows, out.written, stream);
+    copies.add_outside(out.probs, base + l.dispatch_probs,
+                       runtime.shape().prob_cols() * sizeof(float), rows, out.written);
   }
   if (out.scales != nullptr) {
-    copy_rows_outside(out.scales, base + l.dispatch_scales, out.scale_cols * sizeof(float), rows,
-                      out.written, stream);
+    copies.add_outside(out.scales, base + l.dispatch_scales, out.scale_cols * sizeof(float), rows,
+                       out.written);
   }
+  copies.launch(stream);
 }
 
 }  // namespace hybrid_ep

@@ -167,10 +167,18 @@ void claim_combine_input(Runtime& runtime, cudaStream_t stream);
 const void* network_source(Runtime& runtime, const void* source, size_t bytes,
                            size_t registered_offset, cudaStream_t stream);
 
-// Copies `rows` rows of `row_bytes` from `src` to `dst` (same row index), all but those of
-// `skip`: one or two copies. Throws std::invalid_argument when `skip` is not inside the rows.
-void copy_rows_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip,
-                       cudaStream_t stream);
+// Rows of several tensors copied between the caller's tensors and the registered buffer, all
+// in one kernel launch (kernels/segment_copy.cu).
+class RowCopies {
+ public:
+  // `rows` rows of `row_bytes` from `src` to `dst` (same row index), all but those of `skip`:
+  // one or two ranges. Throws std::invalid_argument when `skip` is not inside the rows.
+  void add_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip);
+  void launch(cudaStream_t stream) const;
+
+ private:
+  SegmentCopyParams params_{};
+};
 
 // Transport self-test (kernels/transport_check.cu): returns the bytes that arrived wrong or
 // not at all from the peers of the other domains. Synchronises the stream.

@@ -307,6 +307,20 @@ struct NetworkSendCheckParams {
   size_t network_flags;  // region offset of [N, max chunks]
 };
 
+// Byte ranges copied by one kernel (kernels/segment_copy.cu). The dispatch's copy-out and the
+// combine's staging move up to three tensors' rows on both sides of a skipped range: as
+// separate memcpys those were up to six launches, the small ones ~10 us of GPU time each.
+constexpr int kMaxCopySegments = 8;
+struct CopySegment {
+  const uint8_t* src;
+  uint8_t* dst;
+  size_t bytes;
+};
+struct SegmentCopyParams {
+  CopySegment segments[kMaxCopySegments];
+  int count;
+};
+
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.
 int dispatch_min_stages();
 size_t dispatch_reserved_smem(int chunk, int ranks);  // besides the ring: routes, run scratch
@@ -321,6 +335,7 @@ void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
 void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stream);
 void launch_restripe(const RestripeParams& p, cudaStream_t stream);
+void launch_segment_copy(const SegmentCopyParams& p, cudaStream_t stream);
 void launch_combine_network(const CombineNetworkParams& p, int blocks, cudaStream_t stream);
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
 // max(dispatch_blocks, first_permute_block + permute_blocks) blocks; with permute blocks, then
