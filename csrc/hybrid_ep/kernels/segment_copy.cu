@@ -9,9 +9,7 @@ namespace hybrid_ep {
 namespace {
 
 constexpr int kThreads = 512;
-// Full occupancy (32 registers a thread): with an MPS share of ~17 SMs a rank's copy needs
-// ~60 KB in flight per SM to get its eighth of HBM, and 2 blocks per SM were not enough.
-constexpr int kBlocksPerSm = 4;
+constexpr int kBlocksPerSm = 2;
 // Loads in flight per thread before its stores: one vector at a time left the copy short of
 // the memory system's rate.
 constexpr int kUnroll = 4;
@@ -35,7 +33,7 @@ __device__ __forceinline__ bool aligned_to(const CopySegment& s, uintptr_t a) {
           a) == 0;
 }
 
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) segment_copy_kernel(SegmentCopyParams p) {
+__global__ void __launch_bounds__(kThreads) segment_copy_kernel(SegmentCopyParams p) {
   for (int k = 0; k < p.count; ++k) {
     const CopySegment s = p.segments[k];
     if (aligned_to(s, 16)) {
