@@ -31,14 +31,14 @@ call stages nothing; must equal ``combine bf16``), and (unless ``--no-permute``)
 time = dispatch_kernel + permute_kernel), ``dispatch bf16 + fused permute`` (the same call
 with fuse_permute_dispatch: one dispatch_kernel grid whose extra blocks permute,
 ``--permute-blocks`` of them per rank; its outputs must equal the standalone ones),
-``unpermute + combine``
-(``combine_with_unpermute`` of its rows through the identity expert; unpermute_kernel +
-combine_kernel) and ``fused unpermute + combine`` (the same with fuse_unpermute_combine, of the
-fused op's rows: one combine_kernel grid with unpermute blocks; must equal the standalone). The first warm-up call of each is checked
-bit for bit against an independent oracle (:mod:`hybrid_ep.oracle`, on the GPU: every rank
-regenerates every rank's inputs from their seeds and gathers their routing; the permute pair by
-its round trip: each token comes back as BF16(row x experts selected), its probs unchanged), so
-no number of a wrong kernel is reported.
+``unpermute + combine`` (``combine_with_unpermute`` of its rows through the identity expert;
+unpermute_kernel + combine_kernel) and ``fused unpermute + combine`` (the same with
+fuse_unpermute_combine, of the fused op's rows: one combine_kernel grid with unpermute blocks;
+must equal the standalone). The first warm-up call of each is checked bit for bit against an
+independent oracle (:mod:`hybrid_ep.oracle`, on the GPU: every rank regenerates every rank's
+inputs from their seeds and gathers their routing; the permute pair by its round trip: each
+token comes back as BF16(row x experts selected), its probs unchanged), so no number of a wrong
+kernel is reported.
 
 Numbers (per configuration and operation; "ranks on a GPU" share its HBM):
 
