@@ -12,7 +12,9 @@
 // SCHEDULE runs one schedule only: steady, batch, loads:P:W or both:P:W (us); with LOW, a
 // block whose ring holds fewer than LOW loaded rows loads at once until the next window. Run
 // in several processes at once (MPS) with BLOCKS each for the 8-rank regime through
-// benchmarks/cuda/processes.sh, which sets PROBE_START_AT so that their timed launches overlap.
+// benchmarks/cuda/processes.sh, which sets PROBE_START_AT: each copy then first runs ITERS
+// launches from that instant and reports their bytes and end (the summed rate of launches that
+// overlapped), then the best-of timing.
 // ROUTED 1: row r gets as many copies as top-8 of 64 uniform experts hit ranks of 8 (1-8,
 // 5.4 on average) instead of K. WARPS 1: the dispatch's roles (warps_kernel) instead of one
 // thread; WARPS 2: the same with a loader that fills any free slot (any_slot_kernel); no LOW
@@ -344,12 +346,7 @@ int main(int argc, char** argv) {
               : warps    ? "loader + 4 store warps"
                          : "one thread");
   std::printf("%-34s %9.1f GB/s (roofline)\n", "cudaMemcpyAsync 1:1", roofline / 1e9);
-  if (const char* at = std::getenv("PROBE_START_AT")) {  // processes.sh: all copies at once
-    HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
-    std::this_thread::sleep_until(std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::duration<double>(std::atof(at)))));
-  }
+  const char* start_at = std::getenv("PROBE_START_AT");  // processes.sh: all copies at once
   std::vector<Run> runs = {
       {"steady", kSteady, 1, 0},      {"batch", kBatch, 1, 0},
       {"loads", kWindowLoads, 24, 4}, {"loads", kWindowLoads, 36, 6},
@@ -362,7 +359,7 @@ int main(int argc, char** argv) {
   for (const Run& r : runs) {
     const Gate gate{r.schedule, uint64_t(r.period_us) * 1000, uint64_t(r.window_us) * 1000, low};
     for (int j = 0; j < buffers; ++j) HYBRID_EP_CUDA_CHECK(cudaMemset(dst.row[j], 0, bytes));
-    const double s = seconds([&] {
+    const auto launch = [&] {
       if (warps == 2) {
         any_slot_kernel<<<blocks, 32 * (1 + kStoreWarps), smem>>>(src, dst, rows, k, copies, slots,
                                                                   gate);
@@ -372,7 +369,24 @@ int main(int argc, char** argv) {
       } else {
         ring_kernel<<<blocks, 32, smem>>>(src, dst, rows, k, copies, slots, gate);
       }
-    });
+    };
+    if (start_at != nullptr) {
+      // One pass of `iters` launches from the common instant, its end on the wall clock: the
+      // copies' summed rate is then total bytes / (last end - start). The best-of timing below
+      // also runs while the copies drift apart, so its sum may count time some ran alone.
+      launch();
+      HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+      std::this_thread::sleep_until(std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::duration<double>(std::atof(start_at)))));
+      for (int i = 0; i < iters; ++i) launch();
+      HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+      const double end =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      std::printf("together: %.0f bytes, end %.6f\n", double(bytes) * (1 + writes) * iters, end);
+    }
+    const double s = seconds(launch);
     HYBRID_EP_CUDA_CHECK(cudaMemset(bad, 0, sizeof(*bad)));
     check<<<512, 256>>>(dst, k, copies, rows, bad);
     unsigned long long wrong = 0;

@@ -5,7 +5,9 @@
 #   bash benchmarks/cuda/processes.sh N PROBE [ARGS...]
 #
 # Every copy sets up, then waits for PROBE_START_AT (a Unix time a few seconds ahead, the same
-# for all) before timing, so that the copies' timed launches overlap.
+# for all) before timing, so that the copies' timed launches overlap. Copies that print
+# "together: BYTES bytes, end T" (launches from that instant to T) also get their summed rate
+# as all bytes / (last end - start): the per-copy best-of rates may count time a copy ran alone.
 set -euo pipefail
 if [ $# -lt 2 ]; then sed -n '2,8p' "$0" >&2; exit 2; fi
 n=$1
@@ -16,15 +18,22 @@ export PROBE_START_AT
 PROBE_START_AT=$(python3 -c "import time; print(time.time() + 3)")
 for i in $(seq "$n"); do "$@" >"$logs/$i.txt" 2>&1 & done
 wait
-python3 - "$logs" "$n" "$*" <<'PY'
+python3 - "$logs" "$n" "$*" "$PROBE_START_AT" <<'PY'
 import re, sys
-logs, n, args = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-rates = []
+logs, n, args, start = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+rates, moved, ends = [], 0.0, []
 for i in range(1, n + 1):
     text = open(f"{logs}/{i}.txt").read()
     found = re.findall(r"([\d.]+) GB/s", text.strip().splitlines()[-1] if text.strip() else "")
     rates.append(float(found[0]) if found else float("nan"))
     if not found or "WRONG" in text:
         print(f"copy {i}:", text[-400:])
+    for b, e in re.findall(r"together: ([\d.]+) bytes, end ([\d.]+)", text):
+        moved += float(b)
+        ends.append(float(e))
 print(f"{n} copies of {args}: {sum(rates):.1f} GB/s in all, {min(rates):.0f}-{max(rates):.0f} each")
+if len(ends) == n:
+    print(f"{n} copies of {args}: together {moved / (max(ends) - start) / 1e9:.1f} GB/s "
+          f"(from the common start to the last end, {1e3 * (max(ends) - start):.2f} ms; "
+          f"first end {1e3 * (min(ends) - start):.2f} ms)")
 PY
