@@ -9,7 +9,7 @@
 # "together: BYTES bytes, end T" (launches from that instant to T) also get their summed rate
 # as all bytes / (last end - start): the per-copy best-of rates may count time a copy ran alone.
 set -euo pipefail
-if [ $# -lt 2 ]; then sed -n '2,8p' "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n '2,10p' "$0" >&2; exit 2; fi
 n=$1
 shift
 logs=$(mktemp -d)
