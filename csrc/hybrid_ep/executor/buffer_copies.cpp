@@ -37,8 +37,8 @@ void RowCopies::add_outside(void* dst, const void* src, size_t row_bytes, int ro
   }
 }
 
-void RowCopies::launch(cudaStream_t stream) const {
-  if (params_.count > 0) launch_segment_copy(params_, stream);
+void RowCopies::launch(const Runtime& runtime, cudaStream_t stream) const {
+  if (params_.count > 0) launch_segment_copy(params_, runtime.sm_count(), stream);
 }
 
 }  // namespace hybrid_ep

@@ -48,7 +48,7 @@ void stage_rows(Runtime& runtime, const CombineCall& call, bool rows_in_place,
     copies.add_outside(base + l.combine_probs, call.probs, s.prob_cols() * sizeof(float),
                        call.num_rows, call.own);
   }
-  copies.launch(stream);
+  copies.launch(runtime, stream);
 }
 
 }  // namespace

@@ -113,7 +113,7 @@ void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t s
     copies.add_outside(out.scales, base + l.dispatch_scales, out.scale_cols * sizeof(float), rows,
                        out.written);
   }
-  copies.launch(stream);
+  copies.launch(runtime, stream);
 }
 
 }  // namespace hybrid_ep

@@ -174,7 +174,7 @@ class RowCopies {
   // `rows` rows of `row_bytes` from `src` to `dst` (same row index), all but those of `skip`:
   // one or two ranges. Throws std::invalid_argument when `skip` is not inside the rows.
   void add_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip);
-  void launch(cudaStream_t stream) const;
+  void launch(const Runtime& runtime, cudaStream_t stream) const;
 
  private:
   SegmentCopyParams params_{};

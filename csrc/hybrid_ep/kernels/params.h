@@ -335,7 +335,8 @@ void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
 void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stream);
 void launch_restripe(const RestripeParams& p, cudaStream_t stream);
-void launch_segment_copy(const SegmentCopyParams& p, cudaStream_t stream);
+// Up to 2 blocks per SM of `sms`.
+void launch_segment_copy(const SegmentCopyParams& p, int sms, cudaStream_t stream);
 void launch_combine_network(const CombineNetworkParams& p, int blocks, cudaStream_t stream);
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
 // max(dispatch_blocks, first_permute_block + permute_blocks) blocks; with permute blocks, then

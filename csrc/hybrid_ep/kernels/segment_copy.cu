@@ -48,20 +48,12 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(SegmentCopyParam
   }
 }
 
-int device_sms() {
-  int device = 0, sms = 0;
-  HYBRID_EP_CUDA_CHECK(cudaGetDevice(&device));
-  HYBRID_EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 }  // namespace
 
-void launch_segment_copy(const SegmentCopyParams& p, cudaStream_t stream) {
+void launch_segment_copy(const SegmentCopyParams& p, int sms, cudaStream_t stream) {
   size_t largest = 0;
   for (int k = 0; k < p.count; ++k) largest = std::max(largest, p.segments[k].bytes);
   if (largest == 0) return;
-  const int sms = device_sms();
   const size_t per_block = size_t(kThreads) * kUnroll * 16;
   const int blocks =
       int(std::min<size_t>((largest + per_block - 1) / per_block, size_t(kBlocksPerSm) * sms));

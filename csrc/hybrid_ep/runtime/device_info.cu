@@ -40,4 +40,12 @@ int max_shared_memory_per_block() {
   return bytes;
 }
 
+int multiprocessor_count() {
+  int device = 0;
+  int sms = 0;
+  HYBRID_EP_CUDA_CHECK(cudaGetDevice(&device));
+  HYBRID_EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 }  // namespace hybrid_ep

@@ -16,4 +16,7 @@ int driver_version() noexcept;
 // Opt-in shared memory per block of the current device (what a ring kernel may use).
 int max_shared_memory_per_block();
 
+// SMs of the current device (under an MPS thread percentage, the share it reports).
+int multiprocessor_count();
+
 }  // namespace hybrid_ep

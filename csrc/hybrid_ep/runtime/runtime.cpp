@@ -74,6 +74,7 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   HYBRID_EP_CUDA_CHECK(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_summary_), host_summary_, 0));
   smem_limit_ = max_shared_memory_per_block();
+  sm_count_ = multiprocessor_count();
   HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

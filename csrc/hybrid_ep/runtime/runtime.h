@@ -94,6 +94,8 @@ class Runtime {
   // A handle's T (the buffer's tokens per rank when it was made), checked against this buffer,
   // which only grows; throws std::invalid_argument.
   int handle_tokens(int tokens) const;
+  // SMs of the device, queried once (grids sized to the GPU).
+  int sm_count() const { return sm_count_; }
   // Resource limits the kernels need (stages clamped to what shared memory holds).
   int dispatch_stages(size_t stage_bytes) const;
   int combine_stages(size_t stage_bytes) const;
@@ -119,6 +121,7 @@ class Runtime {
   DeviceStatus* device_status_ = nullptr;
   DomainView domain_{};
   int smem_limit_ = 0;
+  int sm_count_ = 0;
   bool connected_ = false;
 };
 
