@@ -52,16 +52,23 @@ def _check_equal(ctx, got, want, what: str) -> None:
             + first_mismatch(a, b)
 
 
+def _dispatched(ctx, spec: dict, salt: str):
+    """A buffer for ``spec``, this rank's rows (``salt``) and routing, and one dispatch of them
+    checked against the reference: (buf, stats, T, x, routing, out, reference out)."""
+    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
+    stats = Stats()
+    T = spec["tokens"][ctx.rank]
+    x, _ = make_hidden(ctx, spec, T, salt)
+    rt = make_routing(ctx, spec, T)
+    out, ref = _dispatch_pair(ctx, buf, spec, x, None, rt, stats, "dispatch")
+    return buf, stats, T, x, rt, out, ref
+
+
 @job
 def combine_input(ctx, spec: dict) -> dict:
     """Claimed input vs plain input (bitwise) vs reference; the round trip through a claimed
     tensor; a claimed tensor passed to a second combine, and part of one, are refused."""
-    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
-    stats = Stats()
-    T = spec["tokens"][ctx.rank]
-    x, _ = make_hidden(ctx, spec, T, "x")
-    rt = make_routing(ctx, spec, T)
-    out, ref = _dispatch_pair(ctx, buf, spec, x, None, rt, stats, "dispatch")
+    buf, stats, T, x, rt, out, ref = _dispatched(ctx, spec, "x")
     handle, rows = out[3], out[0].shape[0]
 
     y, yp, _, _ = combine_inputs(ctx, spec, rows, "claimed")
@@ -114,12 +121,7 @@ def combine_input_graph(ctx, spec: dict, replays: int) -> dict:
     and the combine of it, captured once in a CUDA graph and replayed with fresh hidden rows:
     every replay against the reference (a capture fails on any host synchronisation, and the
     claim's barrier must stay matched with the combine's on every replay)."""
-    buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
-    stats = Stats()
-    T = spec["tokens"][ctx.rank]
-    x, _ = make_hidden(ctx, spec, T, "x0")
-    rt = make_routing(ctx, spec, T)
-    out, ref = _dispatch_pair(ctx, buf, spec, x, None, rt, stats, "dispatch")
+    buf, stats, T, x, _, out, ref = _dispatched(ctx, spec, "x0")
     handle = out[3]
     static_x = x.clone()
 
