@@ -24,12 +24,19 @@
 // one TMA bulk store per copy out. Schedules: steady (load as soon as a slot is free), batch
 // (refill only an empty ring; each SM on its own clock), and windows of W us every P us in which
 // loads may be issued (optionally no stores issued inside them). Every copy is checked.
+//
+// PROBE_IPC_DIR (processes.sh with PROBE_IPC=1; PROBE_RANK, PROBE_RANKS set per copy): the
+// copies go where the dispatch writes them, into the other processes' memory through CUDA IPC
+// mappings. Each copy allocates a receive buffer of one region per process, publishes its handle
+// in that folder and opens the others'; copy j of a row goes to process (rank + j) % ranks, in
+// region `rank`.
 #include <cuda_runtime.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -274,6 +281,68 @@ std::vector<uint8_t> routed_copies(int rows) {
   return out;
 }
 
+// Waits until every process has written `name`.RANK into `dir` (a file-system barrier).
+void wait_for_all(const std::string& dir, const char* name, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    const std::string path = dir + "/" + name + "." + std::to_string(r);
+    while (!std::ifstream(path).good()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+
+void publish(const std::string& dir, const char* name, int rank, const void* data, size_t size) {
+  const std::string path = dir + "/" + name + "." + std::to_string(rank);
+  std::ofstream(path + ".tmp", std::ios::binary).write(static_cast<const char*>(data), size);
+  std::rename((path + ".tmp").c_str(), path.c_str());  // readers never see half a handle
+}
+
+// The receive buffers of PROBE_IPC_DIR mode: this process's, and the peers' mapped.
+struct IpcBuffers {
+  std::string dir;
+  int rank = 0, ranks = 1;
+  uint8_t* own = nullptr;
+  std::vector<uint8_t*> peers;
+
+  // Copy j goes to process (rank + j) % ranks, region `rank` of its buffer.
+  void open(size_t region_bytes, int copies, Destinations& dst) {
+    const size_t page = size_t(2) << 20;  // whole 2 MiB pages: see docs/engine.md, Memory
+    const size_t size = (region_bytes * ranks + page - 1) / page * page;
+    HYBRID_EP_CUDA_CHECK(cudaMalloc(&own, size));
+    cudaIpcMemHandle_t handle;
+    HYBRID_EP_CUDA_CHECK(cudaIpcGetMemHandle(&handle, own));
+    publish(dir, "handle", rank, &handle, sizeof(handle));
+    wait_for_all(dir, "handle", ranks);
+    peers.assign(ranks, nullptr);
+    for (int r = 0; r < ranks; ++r) {
+      if (r == rank) {
+        peers[r] = own;
+        continue;
+      }
+      std::ifstream in(dir + "/handle." + std::to_string(r), std::ios::binary);
+      in.read(reinterpret_cast<char*>(&handle), sizeof(handle));
+      void* mapped;
+      HYBRID_EP_CUDA_CHECK(cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess));
+      peers[r] = static_cast<uint8_t*>(mapped);
+    }
+    for (int j = 0; j < copies; ++j) {
+      dst.row[j] = peers[(rank + j) % ranks] + region_bytes * rank;
+    }
+  }
+
+  // Nobody unmaps or frees while a peer may still write into its buffer.
+  void close() {
+    HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+    const char done = 1;
+    publish(dir, "done", rank, &done, 1);
+    wait_for_all(dir, "done", ranks);
+    for (int r = 0; r < ranks; ++r) {
+      if (r != rank) HYBRID_EP_CUDA_CHECK(cudaIpcCloseMemHandle(peers[r]));
+    }
+    HYBRID_EP_CUDA_CHECK(cudaFree(own));
+  }
+};
+
 struct Run {
   const char* name;
   Schedule schedule;
@@ -317,7 +386,20 @@ int main(int argc, char** argv) {
   fill<<<512, 256>>>(reinterpret_cast<uint4*>(src), rows);
   Destinations dst{};
   const int buffers = routed ? kMaxCopies : k;
-  for (int j = 0; j < buffers; ++j) HYBRID_EP_CUDA_CHECK(cudaMalloc(&dst.row[j], bytes));
+  IpcBuffers ipc;
+  const char* ipc_dir = std::getenv("PROBE_IPC_DIR");
+  if (ipc_dir != nullptr) {
+    ipc.dir = ipc_dir;
+    ipc.rank = std::atoi(std::getenv("PROBE_RANK"));
+    ipc.ranks = std::atoi(std::getenv("PROBE_RANKS"));
+    if (ipc.ranks < buffers) {
+      std::fprintf(stderr, "PROBE_IPC_DIR needs PROBE_RANKS >= %d copies\n", buffers);
+      return 2;
+    }
+    ipc.open(bytes, buffers, dst);
+  } else {
+    for (int j = 0; j < buffers; ++j) HYBRID_EP_CUDA_CHECK(cudaMalloc(&dst.row[j], bytes));
+  }
   uint8_t* copies = nullptr;
   double writes = k;  // per row, on average
   if (routed) {
@@ -339,12 +421,13 @@ int main(int argc, char** argv) {
       2.0 * bytes / seconds([&] {
         HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(dst.row[0], src, bytes, cudaMemcpyDeviceToDevice));
       });
-  std::printf("rows %d, k %s%.2f, %d blocks, %d slots of %d B, %s\n", rows,
+  std::printf("rows %d, k %s%.2f, %d blocks, %d slots of %d B, %s%s\n", rows,
               routed ? "routed top-8 of 64 experts on 8 ranks: " : "", writes, blocks, slots,
               kRowBytes,
               warps == 2 ? "loader (any free slot) + 4 store warps"
               : warps    ? "loader + 4 store warps"
-                         : "one thread");
+                         : "one thread",
+              ipc_dir != nullptr ? ", copies into the peers through IPC" : "");
   std::printf("%-34s %9.1f GB/s (roofline)\n", "cudaMemcpyAsync 1:1", roofline / 1e9);
   const char* start_at = std::getenv("PROBE_START_AT");  // processes.sh: all copies at once
   std::vector<Run> runs = {
@@ -396,5 +479,6 @@ int main(int argc, char** argv) {
                 r.period_us, r.window_us, low, moved / s / 1e9, moved / s / roofline,
                 wrong ? "  COPIES WRONG" : "");
   }
+  if (ipc_dir != nullptr) ipc.close();
   return 0;
 }

@@ -8,15 +8,22 @@
 # for all) before timing, so that the copies' timed launches overlap. Copies that print
 # "together: BYTES bytes, end T" (launches from that instant to T) also get their summed rate
 # as all bytes / (last end - start): the per-copy best-of rates may count time a copy ran alone.
+# Each copy gets PROBE_RANK (0..N-1) and PROBE_RANKS; with PROBE_IPC=1 also PROBE_IPC_DIR, a
+# fresh folder where the copies exchange CUDA IPC handles.
 set -euo pipefail
-if [ $# -lt 2 ]; then sed -n '2,10p' "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n '2,12p' "$0" >&2; exit 2; fi
 n=$1
 shift
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 export PROBE_START_AT
 PROBE_START_AT=$(python3 -c "import time; print(time.time() + 3)")
-for i in $(seq "$n"); do "$@" >"$logs/$i.txt" 2>&1 & done
+export PROBE_RANKS=$n
+if [ "${PROBE_IPC:-0}" = 1 ]; then
+  export PROBE_IPC_DIR=$logs/ipc
+  mkdir "$PROBE_IPC_DIR"
+fi
+for i in $(seq "$n"); do PROBE_RANK=$((i - 1)) "$@" >"$logs/$i.txt" 2>&1 & done
 wait
 python3 - "$logs" "$n" "$*" "$PROBE_START_AT" <<'PY'
 import re, sys
