@@ -439,12 +439,17 @@ class HybridEPBuffer:
             engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs,
             routing_map=routing_map, handle=handle, permute=True,
             caller="dispatch_with_permute", non_blocking=non_blocking, fused_permute=fused)
-        self._check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
         if fused is not None:
             (out, out_probs, out_scales), plan = moved
         else:
-            plan = engine.permute_plan(layout, pad, budget)
-            out, out_probs, out_scales = engine.permute(*moved, plan)
+            try:
+                plan = engine.permute_plan(layout, pad, budget)
+                out, out_probs, out_scales = engine.permute(*moved, plan)
+            except BaseException:
+                if engine is self._cuda_engine:
+                    engine.release_received()  # the permute did not: see its docstring
+                raise
+        self._check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
 
         device = hidden.device
         if isinstance(plan.overflow, torch.Tensor):

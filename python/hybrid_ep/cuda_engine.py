@@ -24,7 +24,7 @@ from .topology import Topology, gather_objects
 _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag",
                4: "network dispatch chunk", 5: "network combine chunk", 6: "network barrier",
                7: "network routing all-gather", 8: "forwarded routing maps",
-               9: "unpermuted chunk"}
+               9: "unpermuted chunk", 10: "release of the previous dispatch's rows"}
 _NETWORK_SITES = (4, 5, 6, 7)
 # The current stream's handle without building a torch.cuda.Stream: about 0.2 us where
 # torch.cuda.current_stream() takes about 5, and the fused calls ask four times.
@@ -307,21 +307,31 @@ class CudaEngine:
         outputs = (self._dispatch_outputs(layout.num_dispatched_tokens, hidden, probs,
                                           scaling_factor) if direct else (None, None, None))
         self.runtime.dispatch(*args, *(_ptr(t) for t in outputs), stream)
-        if self._fresh_layout:
-            self._read_summary(layout)
-        self._fresh_layout = False
-        self._preprocessed = False
-        if keep_in_buffer:
-            staged = StagedRows(row_bytes, hidden.shape[1], hidden.dtype, scale_cols,
-                                probs is not None)
-            return staged, None, None
-        rows = layout.num_dispatched_tokens
-        if not direct:
-            outputs = self._dispatch_outputs(rows, hidden, probs, scaling_factor)
-        written = layout.own_rows if direct else (0, 0)
-        self.runtime.copy_dispatched(*(_ptr(t) for t in outputs), rows, row_bytes, scale_cols,
-                                     *written, stream)
+        try:
+            if self._fresh_layout:
+                self._read_summary(layout)
+            self._fresh_layout = False
+            self._preprocessed = False
+            if keep_in_buffer:
+                staged = StagedRows(row_bytes, hidden.shape[1], hidden.dtype, scale_cols,
+                                    probs is not None)
+                return staged, None, None
+            rows = layout.num_dispatched_tokens
+            if not direct:
+                outputs = self._dispatch_outputs(rows, hidden, probs, scaling_factor)
+            written = layout.own_rows if direct else (0, 0)
+            self.runtime.copy_dispatched(*(_ptr(t) for t in outputs), rows, row_bytes,
+                                         scale_cols, *written, stream)
+        except BaseException:
+            self.release_received()
+            raise
         return outputs
+
+    def release_received(self) -> None:
+        """Lets the peers' next dispatch write into this rank's receive region although this
+        operation failed before reading it out (its copy-out or permute releases it otherwise):
+        they wait for that, and would time out."""
+        self.runtime.release_received_rows(self._stream())
 
     def _dispatch_outputs(self, rows: int, hidden, probs, scaling_factor):
         out = torch.empty(rows, hidden.shape[1], dtype=hidden.dtype, device=self.device)

@@ -1,5 +1,6 @@
 """Sequences of calls on the CUDA engine: a long run with fresh routing each call, two buffers
-used alternately, and growth of the buffer by a blocking dispatch."""
+used alternately, growth of the buffer by a blocking dispatch, and bursts of dispatches with one
+handle."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ pytestmark = gpu_marks
 
 LONG_RUN_CALLS = 200
 LONG_RUN_CHECK_EVERY = 20
+HANDLE_BURST_CALLS = 8
 
 
 @pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
@@ -49,3 +51,19 @@ def test_growth(gpu_pools, record_property, W, placement):
                             spec_after=spec_after)
     assert all(r["before"] == small and r["after"] == big for r in results), results
     report(record_property, results, label=f"growth W={W} {placement}")
+
+
+@pytest.mark.parametrize("op", ["dispatch", "permute", "fused permute"])
+@pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
+                                         placement_param(4, "shared"),
+                                         placement_param(4, "per_gpu")])
+def test_handle_burst(gpu_pools, record_property, W, placement, op):
+    """Dispatches with one handle back to back, every token to the last rank: no rank's rows
+    overwrite a peer's before it has read the previous call's out (gpu_reuse_cases)."""
+    spec = make_spec(W, H=7168, form="topk", k=2, routing="skew", tokens="equal", max_tok=1024,
+                     tag="burst")
+    spec["op"] = op
+    results = gpu_pools.run(W, placement, "handle_burst", module="gpu_reuse_cases", spec=spec,
+                            calls=HANDLE_BURST_CALLS)
+    assert [r["rows"] > 0 for r in results] == [r == W - 1 for r in range(W)], results
+    report(record_property, results, label=f"handle burst W={W} {placement} {op}")

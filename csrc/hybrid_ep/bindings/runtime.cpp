@@ -189,6 +189,8 @@ void register_runtime(py::module_& m) {
                               row_bytes, scale_cols, RowRange{written_begin, written_end}},
                              stream_of(stream));
            })
+      .def("release_received_rows",
+           [](Runtime& r, uintptr_t stream) { release_received_rows(r, stream_of(stream)); })
       .def("permute_layout",
            [](Runtime& r, uintptr_t lerm, int rows, int pad_multiple, int num_permuted,
               uintptr_t d2e, uintptr_t row_source, uintptr_t raw, uintptr_t tpe, uintptr_t overflow,

@@ -17,7 +17,9 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
-  if (call.barrier_first) launch_domain_barrier(runtime.barrier(), stream);
+  if (call.barrier_first && !runtime.releases_receive()) {
+    launch_domain_barrier(runtime.barrier(), stream);
+  }
   DispatchParams p{};
   p.domain = runtime.domain();
   p.transport = runtime.transport();
@@ -49,6 +51,8 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.net_probs = l.net_probs;
   p.net_scales = l.net_scales;
   p.network_flags = l.network_flags;
+  p.wait_receivers = runtime.releases_receive();
+  p.receive_releases = l.receive_releases;
   if (c.nodes > 1 && call.probs != nullptr) {
     // The network leg puts a run's probs for one domain at once: restripe them dest-major.
     float* restriped = reinterpret_cast<float*>(runtime.registered() + l.restriped_probs);
@@ -96,13 +100,20 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
                  f.out_probs,        f.out_scales};
   }
   launch_dispatch(p, stream);
+  if (call.permute != nullptr) release_received_rows(runtime, stream);  // permuted in the grid
+}
+
+void release_received_rows(Runtime& runtime, cudaStream_t stream) {
+  if (!runtime.releases_receive()) return;
+  launch_receive_release(
+      reinterpret_cast<uint64_t*>(runtime.registered() + runtime.layout().receive_releases),
+      stream);
 }
 
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream) {
   const BufferLayout& l = runtime.layout();
   const uint8_t* base = runtime.registered();
   const int rows = out.rows_count;
-  if (rows == 0) return;
   RowCopies copies;
   copies.add_outside(out.rows, base + l.dispatch_rows, out.row_bytes, rows, out.written);
   if (out.probs != nullptr) {
@@ -114,6 +125,7 @@ void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t s
                        out.written);
   }
   copies.launch(runtime, stream);
+  release_received_rows(runtime, stream);
 }
 
 }  // namespace hybrid_ep

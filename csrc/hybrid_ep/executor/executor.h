@@ -46,7 +46,8 @@ struct DispatchCall {
   int num_tokens;
   int row_bytes;
   int scale_cols;
-  bool barrier_first;  // needed when no preprocessing ran in this operation
+  // Needed when no preprocessing ran in this operation, unless Runtime::releases_receive.
+  bool barrier_first;
   // Inside one domain, the caller's output for this rank's rows from itself, at their row
   // index (rows, probs, scales; null: through the registered buffer like the peers' rows).
   OwnDispatchRows own{};
@@ -68,7 +69,9 @@ struct FusedPermuteCall {
   float* out_scales;  // [num_permuted, scale_cols] or null
 };
 
-// Rows land in the registered buffers of their destination ranks.
+// Rows land in the registered buffers of their destination ranks. Every dispatch ends with
+// release_received_rows after its last read of them: copy_dispatched, run_permute, or (fused
+// permute) run_dispatch itself.
 void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream);
 
 struct DispatchOutput {
@@ -81,7 +84,11 @@ struct DispatchOutput {
   RowRange written;  // rows the dispatch wrote into these tensors already (DispatchCall::own)
 };
 
-// Copies this rank's received rows out of the registered buffer into the caller's tensors.
+// The operation has read this rank's received rows (stream order): peers may overwrite them.
+void release_received_rows(Runtime& runtime, cudaStream_t stream);
+
+// Copies this rank's received rows out of the registered buffer into the caller's tensors,
+// then releases them to the peers' next dispatch.
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream);
 
 struct PermuteCall {
@@ -112,7 +119,8 @@ struct PermuteLayoutCall {
 // The permuted layout, computed on the device (no host synchronisation).
 void run_permute_layout(Runtime& runtime, const PermuteLayoutCall& call, cudaStream_t stream);
 
-// Gathers this rank's received rows (still in its registered buffer) into expert-major order.
+// Gathers this rank's received rows (still in its registered buffer) into expert-major order,
+// then releases them to the peers' next dispatch.
 void run_permute(Runtime& runtime, const PermuteCall& call, cudaStream_t stream);
 
 struct CombineCall {

@@ -2,6 +2,9 @@
 // Runs between operations so that no rank overwrites a peer's buffer that is still being read.
 // With several domains a second warp does the same with the peer of every other domain
 // through the transport (their puts land in this rank's receive tiles).
+// Inside one domain a dispatch needs no barrier: its peers wait for this rank's release of its
+// receive region instead (receive_release_kernel), which it bumps as soon as it has read the
+// rows out, so that a rank whose host comes late to the next call does not hold the others.
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -47,7 +50,14 @@ __global__ void domain_barrier_kernel(BarrierParams p) {
   }
 }
 
+__global__ void receive_release_kernel(uint64_t* releases) { signal_flag(releases); }
+
 }  // namespace
+
+void launch_receive_release(uint64_t* releases, cudaStream_t stream) {
+  receive_release_kernel<<<1, 1, 0, stream>>>(releases);
+  HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream) {
   // Alone, a rank's operations are already ordered by its stream: a launch would cost a few

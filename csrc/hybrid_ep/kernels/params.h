@@ -164,6 +164,11 @@ struct DispatchParams {
   OwnDispatchRows own;
   size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
   size_t net_rows, net_probs, net_scales, network_flags;
+  // Inside one domain of several ranks, in place of a domain barrier before the launch: no
+  // block stores into peer j's dispatch_rows before j has released them (read them out) as
+  // often as this rank has (uint64 at receive_releases in every rank's buffer).
+  bool wait_receivers;
+  size_t receive_releases;
 };
 
 // Unpermute: dense row i < D (read on the device) is the fp32 sum, ascending expert, of the
@@ -332,6 +337,9 @@ size_t combine_reserved_smem(int chunk, int ranks);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
+// One more release of this rank's dispatch rows (`releases` in its own registered buffer), after
+// the operation's last read of them in stream order.
+void launch_receive_release(uint64_t* releases, cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
 void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stream);
 void launch_restripe(const RestripeParams& p, cudaStream_t stream);

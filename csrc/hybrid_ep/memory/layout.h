@@ -58,6 +58,7 @@ struct BufferLayout {
   size_t combine_flags;        // uint64 [N, max chunks]: combine partials from the peer of domain n
   size_t net_barrier_flags;    // uint64 [N]
   size_t net_allgather_flags;  // uint64 [N]
+  size_t receive_releases;     // uint64: times this rank has read its dispatch_rows out
   size_t flags_begin, flags_end;
   size_t total;
 
@@ -104,6 +105,7 @@ struct BufferLayout {
     l.combine_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
     l.net_barrier_flags = take(sizeof(uint64_t) * s.nodes());
     l.net_allgather_flags = take(sizeof(uint64_t) * s.nodes());
+    l.receive_releases = take(sizeof(uint64_t));
     l.flags_end = at;
     l.total = at;
     return l;

@@ -19,6 +19,7 @@ enum class WaitSite : int32_t {
   kNetworkAllgather = 7,  // the routing map from the peer of another domain
   kForward = 8,           // the other domains' maps forwarded by a local rank
   kUnpermuteChunk = 9,    // a chunk unpermuted by a local rank (fused combine_with_unpermute)
+  kReceiveRelease = 10,   // a local rank still reading the previous dispatch's rows
 };
 
 struct DeviceStatus {
