@@ -7,7 +7,8 @@ HYBRID_EP_COMBINE_PIECES, ...). Each variant's outputs must equal the first vari
 
 Ranks sharing the GPU need MPS (tools/gpu_run.sh starts it: BENCH_RANKS=W BENCH_CMD="...").
 Each op is timed with and without probs ("-np"): the side data's cost per row. Kernel times
-are torch.profiler medians per rank (a host barrier before every call), mean over ranks.
+are torch.profiler medians per rank (every call's work starting at one instant of the GPU's
+timer on all ranks), mean over ranks.
 """
 
 from __future__ import annotations
@@ -23,24 +24,20 @@ import torch.multiprocessing as mp
 from one_rank import commit, write_report
 
 from hybrid_ep import HybridEPBuffer
-from hybrid_ep.gpubench.timing import is_our_kernel, kernel_events
+from hybrid_ep.gpubench.timing import gated_call, is_our_kernel, kernel_events
 
 OPS = ("dispatch bf16", "dispatch fp8", "combine", "dispatch bf16-np", "dispatch fp8-np",
        "combine-np")
 
 
 def kernel_us(fn, kernel: str, iters: int) -> float:
-    """Median device time of `kernel` over `iters` calls of fn, all ranks starting together."""
+    """Median device time of `kernel` over `iters` calls of fn, all ranks' work starting
+    together on the GPU (gated_call)."""
     for _ in range(3):
-        torch.cuda.synchronize()
-        dist.barrier()
-        fn()
-    torch.cuda.synchronize()
+        gated_call(fn, dist.group.WORLD, one_gpu=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
-            torch.cuda.synchronize()
-            dist.barrier()
-            fn()
+            gated_call(fn, dist.group.WORLD, one_gpu=True)
         torch.cuda.synchronize()
     path = tempfile.mktemp(suffix=".json")
     prof.export_chrome_trace(path)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hybrid_ep/kernels/copy_ceiling.h"
+#include "hybrid_ep/kernels/start_gate.h"
 
 namespace py = pybind11;
 
@@ -61,6 +62,18 @@ void register_bench(py::module_& m) {
       "row * row_bytes instead. store_lanes (1-4) threads issue the stores, each waiting for "
       "its stores' shared-memory reads every release_every groups. Asynchronous; time it with "
       "CUDA events.");
+  m.def(
+      "gpu_time_ns",
+      [](uintptr_t stream) { return gpu_time_ns(reinterpret_cast<cudaStream_t>(stream)); },
+      py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+      "The GPU's global timer (ns), read on `stream`, which it synchronises.");
+  m.def(
+      "start_gate",
+      [](uint64_t target_ns, uintptr_t stream) {
+        launch_start_gate(target_ns, reinterpret_cast<cudaStream_t>(stream));
+      },
+      py::arg("target_ns"), py::arg("stream"),
+      "Holds `stream` until the GPU's global timer reaches target_ns (kernels/start_gate.h).");
 }
 
 }  // namespace hybrid_ep

@@ -18,7 +18,9 @@ r % device_count, gloo group). Per rank and operation it records:
   lone rank needs none);
 - kernel-only time: the device time of the operation's core kernel (``dispatch_kernel`` or
   ``combine_kernel``) from ``torch.profiler``, in a separate pass (the profiler is off while API
-  times are taken);
+  times are taken) where ranks sharing a GPU start each call's work at one instant of the GPU's
+  global timer (a start gate kernel), so that it leaves out the hosts' skew: a dispatch with a
+  handle has no domain barrier, and an early rank's kernel would count its wait for a late one;
 - bytes: rows received (``D``) and copies sent (``S``) per call, from the handle.
 
 Operations, each call with fresh random routing (top-k of uniform scores):

@@ -28,7 +28,7 @@ from .config import (
     make_tokens,
 )
 from .spawn import run_ranks
-from .timing import is_our_kernel, kernel_events, measure_roofline, time_call
+from .timing import gated_call, is_our_kernel, kernel_events, measure_roofline, time_call
 
 
 # ---- one rank -----------------------------------------------------------------------------------
@@ -207,7 +207,8 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
         warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for step in range(steps):
-                out = bench.step(base + step, lambda op, fn: time_call(fn, group)[0])
+                out = bench.step(base + step,
+                                 lambda op, fn: gated_call(fn, group, one_gpu=gpus == 1))
                 if step >= extra:
                     result.kernel_rows.append(out["rows"])
                     result.kernel_copies.append(out["copies"])

@@ -47,6 +47,28 @@ def time_call(fn, group):
     return result, time.perf_counter() - start
 
 
+def gated_call(fn, group, one_gpu: bool):
+    """``fn`` for the kernel-only pass. Ranks sharing one GPU start its work together on the
+    GPU: a start gate holds each stream until an instant of the GPU's global timer that they
+    agree on (``_C.start_gate``), so that a kernel's time leaves out how late each host launched
+    it, which the API pass measures (a dispatch with a handle starts with no domain barrier, so
+    its kernel on an early rank would otherwise count the wait for a late one). Ranks on several
+    GPUs, whose timers are not one clock, start at one host instant (time_call)."""
+    if dist.get_world_size(group) == 1 or not one_gpu:
+        return time_call(fn, group)[0]
+    from .. import native
+
+    C = native.module()
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream().cuda_stream
+    now = torch.tensor([C.gpu_time_ns(stream)], dtype=torch.int64)
+    dist.all_reduce(now, op=dist.ReduceOp.MAX, group=group)
+    C.start_gate(int(now.item()) + int(START_MARGIN_S * 1e9), stream)
+    result = fn()
+    torch.cuda.synchronize()
+    return result
+
+
 def event_median(fn, warmup: int, iters: int, busy_before: bool = False) -> float:
     """Median event time of `fn`. busy_before: keep the GPU busy (~50 us) before the start
     event, so that the host's launch overhead stays out of a short kernel's time."""
