@@ -29,7 +29,9 @@
 // copies go where the dispatch writes them, into the other processes' memory through CUDA IPC
 // mappings. Each copy allocates a receive buffer of one region per process, publishes its handle
 // in that folder and opens the others'; copy j of a row goes to process (rank + j) % ranks, in
-// region `rank`.
+// region `rank`. PROBE_GATED_GAP_US (with PROBE_IPC_DIR) adds a pass run as the dispatch runs its
+// calls: launch i of every copy waits on the GPU until one instant of the global timer (the first
+// published by rank 0, then GAP us apart), and each launch is timed alone ("gated").
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -281,14 +283,13 @@ std::vector<uint8_t> routed_copies(int rows) {
   return out;
 }
 
+void wait_for_file(const std::string& path) {
+  while (!std::ifstream(path).good()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 // Waits until every process has written `name`.RANK into `dir` (a file-system barrier).
 void wait_for_all(const std::string& dir, const char* name, int ranks) {
-  for (int r = 0; r < ranks; ++r) {
-    const std::string path = dir + "/" + name + "." + std::to_string(r);
-    while (!std::ifstream(path).good()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  for (int r = 0; r < ranks; ++r) wait_for_file(dir + "/" + name + "." + std::to_string(r));
 }
 
 void publish(const std::string& dir, const char* name, int rank, const void* data, size_t size) {
@@ -342,6 +343,56 @@ struct IpcBuffers {
     HYBRID_EP_CUDA_CHECK(cudaFree(own));
   }
 };
+
+__global__ void read_timer_kernel(uint64_t* now) { *now = ptx::global_timer_ns(); }
+
+__global__ void timer_gate_kernel(uint64_t target_ns) {
+  while (ptx::global_timer_ns() < target_ns) __nanosleep(256);
+}
+
+// Launch i of every copy starts at t0 + i * gap_ns of the GPU's global timer (one clock for all
+// processes on the GPU; t0 from rank 0 through the IPC folder). Returns the mean time of one
+// launch, from its gate's end to its own.
+template <class Launch>
+double gated_launch_seconds(Launch launch, const IpcBuffers& ipc, int run, int iters,
+                            uint64_t gap_ns) {
+  const std::string name = "t0-" + std::to_string(run);
+  uint64_t t0 = 0;
+  if (ipc.rank == 0) {
+    uint64_t* now;
+    HYBRID_EP_CUDA_CHECK(cudaMallocHost(&now, sizeof(*now)));
+    read_timer_kernel<<<1, 1>>>(now);
+    HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+    t0 = *now + 200'000'000ull;  // time for the others to read it
+    HYBRID_EP_CUDA_CHECK(cudaFreeHost(now));
+    publish(ipc.dir, name.c_str(), 0, &t0, sizeof(t0));
+  } else {
+    const std::string path = ipc.dir + "/" + name + ".0";
+    wait_for_file(path);
+    std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(&t0), sizeof(t0));
+  }
+  std::vector<cudaEvent_t> begin(iters), end(iters);
+  for (int i = 0; i < iters; ++i) {
+    HYBRID_EP_CUDA_CHECK(cudaEventCreate(&begin[i]));
+    HYBRID_EP_CUDA_CHECK(cudaEventCreate(&end[i]));
+  }
+  for (int i = 0; i < iters; ++i) {
+    timer_gate_kernel<<<1, 1>>>(t0 + uint64_t(i) * gap_ns);
+    HYBRID_EP_CUDA_CHECK(cudaEventRecord(begin[i]));
+    launch();
+    HYBRID_EP_CUDA_CHECK(cudaEventRecord(end[i]));
+  }
+  HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
+  double total_ms = 0;
+  for (int i = 0; i < iters; ++i) {
+    float ms;
+    HYBRID_EP_CUDA_CHECK(cudaEventElapsedTime(&ms, begin[i], end[i]));
+    total_ms += ms;
+    HYBRID_EP_CUDA_CHECK(cudaEventDestroy(begin[i]));
+    HYBRID_EP_CUDA_CHECK(cudaEventDestroy(end[i]));
+  }
+  return total_ms / iters * 1e-3;
+}
 
 struct Run {
   const char* name;
@@ -430,6 +481,12 @@ int main(int argc, char** argv) {
               ipc_dir != nullptr ? ", copies into the peers through IPC" : "");
   std::printf("%-34s %9.1f GB/s (roofline)\n", "cudaMemcpyAsync 1:1", roofline / 1e9);
   const char* start_at = std::getenv("PROBE_START_AT");  // processes.sh: all copies at once
+  const char* gated_gap = std::getenv("PROBE_GATED_GAP_US");
+  if (gated_gap != nullptr && ipc_dir == nullptr) {
+    std::fprintf(stderr, "PROBE_GATED_GAP_US needs PROBE_IPC_DIR (processes.sh, PROBE_IPC=1)\n");
+    return 2;
+  }
+  int run_index = 0;
   std::vector<Run> runs = {
       {"steady", kSteady, 1, 0},      {"batch", kBatch, 1, 0},
       {"loads", kWindowLoads, 24, 4}, {"loads", kWindowLoads, 36, 6},
@@ -469,6 +526,12 @@ int main(int argc, char** argv) {
               .count();
       std::printf("together: %.0f bytes, end %.6f\n", double(bytes) * (1 + writes) * iters, end);
     }
+    if (gated_gap != nullptr) {
+      const double launch_s = gated_launch_seconds(launch, ipc, run_index, iters,
+                                                   uint64_t(std::atof(gated_gap) * 1000));
+      std::printf("gated: %.0f bytes, launch %.9f s\n", double(bytes) * (1 + writes), launch_s);
+    }
+    ++run_index;
     const double s = seconds(launch);
     HYBRID_EP_CUDA_CHECK(cudaMemset(bad, 0, sizeof(*bad)));
     check<<<512, 256>>>(dst, k, copies, rows, bad);

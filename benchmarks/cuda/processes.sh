@@ -9,9 +9,11 @@
 # "together: BYTES bytes, end T" (launches from that instant to T) also get their summed rate
 # as all bytes / (last end - start): the per-copy best-of rates may count time a copy ran alone.
 # Each copy gets PROBE_RANK (0..N-1) and PROBE_RANKS; with PROBE_IPC=1 also PROBE_IPC_DIR, a
-# fresh folder where the copies exchange CUDA IPC handles.
+# fresh folder where the copies exchange CUDA IPC handles. Copies that print "gated: BYTES bytes,
+# launch S s" (launches started together on the GPU, each timed alone) get their summed rate as
+# all bytes / the longest copy's mean launch.
 set -euo pipefail
-if [ $# -lt 2 ]; then sed -n '2,12p' "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n '2,14p' "$0" >&2; exit 2; fi
 n=$1
 shift
 logs=$(mktemp -d)
@@ -29,6 +31,7 @@ python3 - "$logs" "$n" "$*" "$PROBE_START_AT" <<'PY'
 import re, sys
 logs, n, args, start = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 rates, moved, ends = [], 0.0, []
+gated_bytes, launches = 0.0, []
 for i in range(1, n + 1):
     text = open(f"{logs}/{i}.txt").read()
     found = re.findall(r"([\d.]+) GB/s", text.strip().splitlines()[-1] if text.strip() else "")
@@ -38,9 +41,15 @@ for i in range(1, n + 1):
     for b, e in re.findall(r"together: ([\d.]+) bytes, end ([\d.]+)", text):
         moved += float(b)
         ends.append(float(e))
+    for b, s in re.findall(r"gated: ([\d.]+) bytes, launch ([\d.]+) s", text):
+        gated_bytes += float(b)
+        launches.append(float(s))
 print(f"{n} copies of {args}: {sum(rates):.1f} GB/s in all, {min(rates):.0f}-{max(rates):.0f} each")
 if len(ends) == n:
     print(f"{n} copies of {args}: together {moved / (max(ends) - start) / 1e9:.1f} GB/s "
           f"(from the common start to the last end, {1e3 * (max(ends) - start):.2f} ms; "
           f"first end {1e3 * (min(ends) - start):.2f} ms)")
+if len(launches) == n:
+    print(f"{n} copies of {args}: gated {gated_bytes / max(launches) / 1e9:.1f} GB/s "
+          f"(launches started together, {1e6 * max(launches):.1f} us the longest copy's mean)")
 PY
