@@ -29,9 +29,10 @@
 // copies go where the dispatch writes them, into the other processes' memory through CUDA IPC
 // mappings. Each copy allocates a receive buffer of one region per process, publishes its handle
 // in that folder and opens the others'; copy j of a row goes to process (rank + j) % ranks, in
-// region `rank`. PROBE_GATED_GAP_US (with PROBE_IPC_DIR) adds a pass run as the dispatch runs its
-// calls: launch i of every copy waits on the GPU until one instant of the global timer (the first
-// published by rank 0, then GAP us apart), and each launch is timed alone ("gated").
+// region `rank`. PROBE_CONTIGUOUS=1: each block copies one range of rows. PROBE_GATED_GAP_US (with
+// PROBE_IPC_DIR) adds a pass run as the dispatch runs its calls: launch i of every copy waits on
+// the GPU until one instant of the global timer (the first published by rank 0, then GAP us apart),
+// and each launch is timed alone ("gated").
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -106,11 +107,24 @@ __global__ void check(Destinations dst, int k, const uint8_t* copies, int rows,
   }
 }
 
-// Every kernel's block takes rows blockIdx.x, blockIdx.x + gridDim.x, ...: how many, and which.
+// Every kernel's block takes rows blockIdx.x, blockIdx.x + gridDim.x, ... (neighbouring blocks
+// on neighbouring rows), or with PROBE_CONTIGUOUS=1 one range of rows, as a dispatch block takes
+// its chunks' tokens: how many, and which.
+__constant__ int g_contiguous;
+__device__ __forceinline__ int rows_per_block(int rows) {
+  return (rows + int(gridDim.x) - 1) / int(gridDim.x);
+}
 __device__ __forceinline__ int block_row_count(int rows) {
+  if (g_contiguous) {
+    const int first = int(blockIdx.x) * rows_per_block(rows);
+    return first < rows ? min(rows - first, rows_per_block(rows)) : 0;
+  }
   return (rows - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
 }
-__device__ __forceinline__ int block_row(int i) { return int(blockIdx.x) + i * int(gridDim.x); }
+__device__ __forceinline__ int block_row(int i, int rows) {
+  return g_contiguous ? int(blockIdx.x) * rows_per_block(rows) + i
+                      : int(blockIdx.x) + i * int(gridDim.x);
+}
 
 // One TMA bulk store of the row in `slot` per copy.
 __device__ __forceinline__ void store_copies(const Destinations& dst, int copies, int row,
@@ -150,14 +164,14 @@ __global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int 
       for (; loaded < mine && loaded < freed + slots; ++loaded) {
         const int s = loaded % slots;
         ptx::mbar_arrive_expect_tx(&full[s], kRowBytes);
-        ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(block_row(loaded)) * kRowBytes,
-                       kRowBytes, &full[s]);
+        ptx::bulk_load(ring + size_t(s) * kRowBytes,
+                       src + size_t(block_row(loaded, rows)) * kRowBytes, kRowBytes, &full[s]);
       }
     }
     if (stored < loaded && gate.stores_open(now)) {
       const int s = stored % slots;
       ptx::mbar_wait(&full[s], (stored / slots) & 1);
-      store_copies(dst, copies_of(copies, k, block_row(stored)), block_row(stored),
+      store_copies(dst, copies_of(copies, k, block_row(stored, rows)), block_row(stored, rows),
                    ring + size_t(s) * kRowBytes);
       ptx::bulk_commit();
       ++stored;
@@ -198,7 +212,7 @@ __global__ void warps_kernel(const uint8_t* src, Destinations dst, int rows, int
       while (!gate.loads_open(ptx::global_timer_ns())) {
       }
       ptx::mbar_arrive_expect_tx(&full[s], kRowBytes);
-      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(block_row(i)) * kRowBytes,
+      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(block_row(i, rows)) * kRowBytes,
                      kRowBytes, &full[s]);
     }
     return;
@@ -206,7 +220,8 @@ __global__ void warps_kernel(const uint8_t* src, Destinations dst, int rows, int
   for (int i = warp - 1; i < mine; i += kStoreWarps) {
     const int s = i % slots;
     ptx::mbar_wait(&full[s], (i / slots) & 1);
-    store_and_free(dst, copies_of(copies, k, block_row(i)), block_row(i), ring, s, &empty[s]);
+    store_and_free(dst, copies_of(copies, k, block_row(i, rows)), block_row(i, rows), ring, s,
+                   &empty[s]);
   }
   ptx::bulk_wait<0>();
 }
@@ -252,7 +267,7 @@ __global__ void any_slot_kernel(const uint8_t* src, Destinations dst, int rows, 
       }
       slot_of[i % kItems] = s;
       ptx::mbar_arrive_expect_tx(&full[i % kItems], kRowBytes);
-      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(block_row(i)) * kRowBytes,
+      ptx::bulk_load(ring + size_t(s) * kRowBytes, src + size_t(block_row(i, rows)) * kRowBytes,
                      kRowBytes, &full[i % kItems]);
     }
     return;
@@ -260,7 +275,8 @@ __global__ void any_slot_kernel(const uint8_t* src, Destinations dst, int rows, 
   for (int i = warp - 1; i < mine; i += kStoreWarps) {
     ptx::mbar_wait(&full[i % kItems], (i / kItems) & 1);
     const int s = slot_of[i % kItems];
-    store_and_free(dst, copies_of(copies, k, block_row(i)), block_row(i), ring, s, &empty[s]);
+    store_and_free(dst, copies_of(copies, k, block_row(i, rows)), block_row(i, rows), ring, s,
+                   &empty[s]);
   }
   ptx::bulk_wait<0>();
 }
@@ -482,6 +498,9 @@ int main(int argc, char** argv) {
   std::printf("%-34s %9.1f GB/s (roofline)\n", "cudaMemcpyAsync 1:1", roofline / 1e9);
   const char* start_at = std::getenv("PROBE_START_AT");  // processes.sh: all copies at once
   const char* gated_gap = std::getenv("PROBE_GATED_GAP_US");
+  const char* contiguous_env = std::getenv("PROBE_CONTIGUOUS");
+  const int contiguous = contiguous_env != nullptr && std::atoi(contiguous_env) != 0;
+  HYBRID_EP_CUDA_CHECK(cudaMemcpyToSymbol(g_contiguous, &contiguous, sizeof(contiguous)));
   if (gated_gap != nullptr && ipc_dir == nullptr) {
     std::fprintf(stderr, "PROBE_GATED_GAP_US needs PROBE_IPC_DIR (processes.sh, PROBE_IPC=1)\n");
     return 2;

@@ -447,7 +447,7 @@ class HybridEPBuffer:
                 out, out_probs, out_scales = engine.permute(*moved, plan)
             except BaseException:
                 if engine is self._cuda_engine:
-                    engine.release_received()  # the permute did not: see its docstring
+                    engine.release_received()  # see CudaEngine.release_received
                 raise
         self._check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
 
