@@ -10,6 +10,10 @@ output of a burst of calls without host synchronisation must equal the same call
 (the whole domain idle before and after it), and the first call the reference's. A call that
 one rank refuses after its launch (a wrong ``num_dispatched_tokens``) must still release that
 rank's rows: the next call then runs on every rank instead of timing out.
+
+With the wait switched off, the fused permute case failed on the H200 (2 ranks); the plain
+dispatch and the standalone permute passed, their copy-out and permute kernel reading the rows
+faster than the next dispatch overwrote them (benchmarks/results/2026-12-01-receive-release.md).
 """
 
 from __future__ import annotations
