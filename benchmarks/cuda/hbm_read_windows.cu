@@ -46,6 +46,8 @@
 
 #include "best_time.cuh"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+// The library's start gate, built into this one-file probe (no link step).
+#include "hybrid_ep/kernels/start_gate.cu"
 #include "hybrid_ep/runtime/cuda_check.h"
 
 namespace ptx = hybrid_ep::ptx;
@@ -360,12 +362,6 @@ struct IpcBuffers {
   }
 };
 
-__global__ void read_timer_kernel(uint64_t* now) { *now = ptx::global_timer_ns(); }
-
-__global__ void timer_gate_kernel(uint64_t target_ns) {
-  while (ptx::global_timer_ns() < target_ns) __nanosleep(256);
-}
-
 // Launch i of every copy starts at t0 + i * gap_ns of the GPU's global timer (one clock for all
 // processes on the GPU; t0 from rank 0 through the IPC folder). Returns the mean time of one
 // launch, from its gate's end to its own.
@@ -375,12 +371,7 @@ double gated_launch_seconds(Launch launch, const IpcBuffers& ipc, int run, int i
   const std::string name = "t0-" + std::to_string(run);
   uint64_t t0 = 0;
   if (ipc.rank == 0) {
-    uint64_t* now;
-    HYBRID_EP_CUDA_CHECK(cudaMallocHost(&now, sizeof(*now)));
-    read_timer_kernel<<<1, 1>>>(now);
-    HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
-    t0 = *now + 200'000'000ull;  // time for the others to read it
-    HYBRID_EP_CUDA_CHECK(cudaFreeHost(now));
+    t0 = hybrid_ep::gpu_time_ns(nullptr) + 200'000'000ull;  // time for the others to read it
     publish(ipc.dir, name.c_str(), 0, &t0, sizeof(t0));
   } else {
     const std::string path = ipc.dir + "/" + name + ".0";
@@ -393,7 +384,7 @@ double gated_launch_seconds(Launch launch, const IpcBuffers& ipc, int run, int i
     HYBRID_EP_CUDA_CHECK(cudaEventCreate(&end[i]));
   }
   for (int i = 0; i < iters; ++i) {
-    timer_gate_kernel<<<1, 1>>>(t0 + uint64_t(i) * gap_ns);
+    hybrid_ep::launch_start_gate(t0 + uint64_t(i) * gap_ns, nullptr);
     HYBRID_EP_CUDA_CHECK(cudaEventRecord(begin[i]));
     launch();
     HYBRID_EP_CUDA_CHECK(cudaEventRecord(end[i]));
