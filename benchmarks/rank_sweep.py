@@ -47,7 +47,12 @@ def kernel_us(fn, kernel: str, iters: int) -> float:
 
 
 def run_variant(args, env: dict, inputs: dict, reference: list | None):
-    """(kernel us per op, outputs) of one variant; the buffer is made after `env` is set."""
+    """(kernel us per op, outputs) of one variant. `env` stays set until the buffer's first
+    call has created its CUDA engine: whatever the engine reads from the environment when it
+    is made must see the variant too (benchmarks/results/2026-12-01-issue3-close.md, section 3:
+    variants read there once silently fell back to the defaults)."""
+    x, x8, scales = inputs["hidden"], inputs["fp8"], inputs["scales"]
+    probs, routing_map = inputs["probs"], inputs["routing_map"]
     for key, value in env.items():
         os.environ[key] = value
     try:
@@ -56,12 +61,10 @@ def run_variant(args, env: dict, inputs: dict, reference: list | None):
                              num_sms_combine_api=args.sms,
                              num_sms_preprocessing_api=min(args.sms, 16),
                              num_of_hybrid_ep_ranks_per_nvlink_domain=args.ranks)
+        handle = buf.dispatch(x, probs=probs, routing_map=routing_map)[3]
     finally:
         for key in env:
             del os.environ[key]
-    x, x8, scales = inputs["hidden"], inputs["fp8"], inputs["scales"]
-    probs, routing_map = inputs["probs"], inputs["routing_map"]
-    handle = buf.dispatch(x, probs=probs, routing_map=routing_map)[3]
     rows, rows_probs = buf.dispatch(x, probs=probs, handle=handle)[:2]
     fp8 = buf.dispatch(x8, probs=probs, scaling_factor=scales, handle=handle)
     combined = buf.combine(rows, probs=rows_probs, handle=handle)
