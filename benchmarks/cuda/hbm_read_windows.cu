@@ -33,6 +33,9 @@
 // PROBE_IPC_DIR) adds a pass run as the dispatch runs its calls: launch i of every copy waits on
 // the GPU until one instant of the global timer (the first published by rank 0, then GAP us apart),
 // and each launch is timed alone ("gated").
+// PROBE_TRACE=1 (one thread per block, with PROBE_START_AT): the middle launch of the first pass
+// prints one "TRACE probe" line per block, where its thread's time went (BlockTrace);
+// processes.sh collects them into PROBE_TRACE_OUT, each with its copy's rank.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -146,6 +149,55 @@ __device__ __forceinline__ void store_and_free(const Destinations& dst, int copi
   ptx::mbar_arrive(empty);
 }
 
+__device__ int g_trace;  // this launch reports its BlockTrace
+
+template <class Step>
+__device__ __forceinline__ long long cycles_of(Step step) {
+  const long long start = clock64();
+  step();
+  return clock64() - start;
+}
+
+// Where a block's one thread spends its time (clock cycles): with nothing loaded to store
+// (starved), waiting for a row's load, issuing stores or loads (the TMA unit takes no more), and
+// waiting until its stores have read their slots; per read window, whether the ring was empty.
+struct BlockTrace {
+  uint64_t t0;
+  long long c0, last;
+  long long starved = 0, wait_full = 0, wait_read = 0, issue_store = 0, issue_load = 0;
+  unsigned windows = 0, empty_at_open = 0, unstored_at_open = 0;
+  uint64_t window = ~0ull;
+  bool idle = false;
+
+  __device__ BlockTrace() {
+    t0 = ptx::global_timer_ns();
+    c0 = last = clock64();
+  }
+  __device__ void step() {  // the top of each loop turn
+    const long long now = clock64();
+    if (idle) starved += now - last;
+    last = now;
+  }
+  __device__ void loading_in(uint64_t w, int unstored) {
+    if (w == window) return;
+    window = w;
+    ++windows;
+    unstored_at_open += unstored;
+    if (unstored == 0) ++empty_at_open;
+  }
+  __device__ void report(const Gate& gate, uint64_t loop_end_ns, long long loop_cycles,
+                         int rows) const {
+    printf(
+        "TRACE probe b=%d period=%llu open=%llu t0=%llu loop_ns=%llu end_ns=%llu "
+        "loop_cyc=%lld starved=%lld wait_full=%lld wait_read=%lld issue_store=%lld "
+        "issue_load=%lld rows=%d windows=%u empty_at_open=%u unstored_at_open=%u\n",
+        int(blockIdx.x), (unsigned long long)gate.period_ns, (unsigned long long)gate.window_ns,
+        (unsigned long long)t0, (unsigned long long)(loop_end_ns - t0),
+        (unsigned long long)(ptx::global_timer_ns() - t0), loop_cycles, starved, wait_full,
+        wait_read, issue_store, issue_load, rows, windows, empty_at_open, unstored_at_open);
+  }
+};
+
 __global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int k,
                             const uint8_t* copies, int slots, Gate gate) {
   extern __shared__ __align__(128) uint8_t ring[];
@@ -156,35 +208,48 @@ __global__ void ring_kernel(const uint8_t* src, Destinations dst, int rows, int 
   const int mine = block_row_count(rows);
   int loaded = 0, stored = 0, freed = 0;
   uint64_t free_until = 0;
+  BlockTrace trace;
   while (stored < mine) {
     const uint64_t now = ptx::global_timer_ns();
+    trace.step();
     const bool refill = gate.schedule != kBatch || freed == loaded;
     if (gate.schedule >= kWindowLoads && loaded - stored < gate.low && now >= free_until) {
       free_until = now - now % gate.period_ns + gate.period_ns;
     }
     if (refill && (gate.loads_open(now) || now < free_until)) {
-      for (; loaded < mine && loaded < freed + slots; ++loaded) {
-        const int s = loaded % slots;
-        ptx::mbar_arrive_expect_tx(&full[s], kRowBytes);
-        ptx::bulk_load(ring + size_t(s) * kRowBytes,
-                       src + size_t(block_row(loaded, rows)) * kRowBytes, kRowBytes, &full[s]);
+      if (loaded < mine && loaded < freed + slots) {
+        trace.loading_in(gate.schedule >= kWindowLoads ? now / gate.period_ns : 0, loaded - stored);
       }
+      trace.issue_load += cycles_of([&] {
+        for (; loaded < mine && loaded < freed + slots; ++loaded) {
+          const int s = loaded % slots;
+          ptx::mbar_arrive_expect_tx(&full[s], kRowBytes);
+          ptx::bulk_load(ring + size_t(s) * kRowBytes,
+                         src + size_t(block_row(loaded, rows)) * kRowBytes, kRowBytes, &full[s]);
+        }
+      });
     }
-    if (stored < loaded && gate.stores_open(now)) {
+    trace.idle = !(stored < loaded && gate.stores_open(now));
+    if (!trace.idle) {
       const int s = stored % slots;
-      ptx::mbar_wait(&full[s], (stored / slots) & 1);
-      store_copies(dst, copies_of(copies, k, block_row(stored, rows)), block_row(stored, rows),
-                   ring + size_t(s) * kRowBytes);
-      ptx::bulk_commit();
+      trace.wait_full += cycles_of([&] { ptx::mbar_wait(&full[s], (stored / slots) & 1); });
+      trace.issue_store += cycles_of([&] {
+        const int row = block_row(stored, rows);
+        store_copies(dst, copies_of(copies, k, row), row, ring + size_t(s) * kRowBytes);
+        ptx::bulk_commit();
+      });
       ++stored;
-      ptx::bulk_wait_read<kStoresReading>();
+      trace.wait_read += cycles_of([] { ptx::bulk_wait_read<kStoresReading>(); });
       freed = stored > kStoresReading ? stored - kStoresReading : 0;
     } else if (stored == loaded || !gate.stores_open(now)) {
       ptx::bulk_wait_read<0>();  // nothing to issue now: let the slots drain
       freed = stored;
     }
   }
+  const uint64_t loop_end_ns = ptx::global_timer_ns();
+  const long long loop_cycles = clock64() - trace.c0;
   ptx::bulk_wait<0>();
+  if (g_trace) trace.report(gate, loop_end_ns, loop_cycles, stored);
 }
 
 // The dispatch's roles: warp 0's lane 0 loads rows into the ring in order (gated as above);
@@ -529,7 +594,13 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_until(std::chrono::system_clock::time_point(
           std::chrono::duration_cast<std::chrono::system_clock::duration>(
               std::chrono::duration<double>(std::atof(start_at)))));
-      for (int i = 0; i < iters; ++i) launch();
+      const int traced = std::getenv("PROBE_TRACE") != nullptr ? iters / 2 : -1;
+      for (int i = 0; i < iters; ++i) {
+        const int on = 1, off = 0;
+        if (i == traced) HYBRID_EP_CUDA_CHECK(cudaMemcpyToSymbolAsync(g_trace, &on, sizeof(on)));
+        launch();
+        if (i == traced) HYBRID_EP_CUDA_CHECK(cudaMemcpyToSymbolAsync(g_trace, &off, sizeof(off)));
+      }
       HYBRID_EP_CUDA_CHECK(cudaDeviceSynchronize());
       const double end =
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())

@@ -11,9 +11,10 @@
 # Each copy gets PROBE_RANK (0..N-1) and PROBE_RANKS; with PROBE_IPC=1 also PROBE_IPC_DIR, a
 # fresh folder where the copies exchange CUDA IPC handles. Copies that print "gated: BYTES bytes,
 # launch S s" (launches started together on the GPU, each timed alone) get their summed rate as
-# all bytes / the longest copy's mean launch.
+# all bytes / the longest copy's mean launch. With PROBE_TRACE_OUT set, the copies' "TRACE probe"
+# lines (PROBE_TRACE=1) are appended to that file, each with its copy's rank.
 set -euo pipefail
-if [ $# -lt 2 ]; then sed -n '2,14p' "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n '2,15p' "$0" >&2; exit 2; fi
 n=$1
 shift
 logs=$(mktemp -d)
@@ -27,6 +28,9 @@ if [ "${PROBE_IPC:-0}" = 1 ]; then
 fi
 for i in $(seq "$n"); do PROBE_RANK=$((i - 1)) "$@" >"$logs/$i.txt" 2>&1 & done
 wait
+if [ -n "${PROBE_TRACE_OUT:-}" ]; then
+  for i in $(seq "$n"); do sed -n "s/^TRACE probe /TRACE probe r=$((i - 1)) /p" "$logs/$i.txt"; done >>"$PROBE_TRACE_OUT"
+fi
 python3 - "$logs" "$n" "$*" "$PROBE_START_AT" <<'PY'
 import re, sys
 logs, n, args, start = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
