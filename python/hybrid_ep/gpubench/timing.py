@@ -59,9 +59,8 @@ def gated_call(fn, group, one_gpu: bool):
     from .. import native
 
     C = native.module()
-    torch.cuda.synchronize()
     stream = torch.cuda.current_stream().cuda_stream
-    now = torch.tensor([C.gpu_time_ns(stream)], dtype=torch.int64)
+    now = torch.tensor([C.gpu_time_ns(stream)], dtype=torch.int64)  # after the stream's work
     dist.all_reduce(now, op=dist.ReduceOp.MAX, group=group)
     C.start_gate(int(now.item()) + int(START_MARGIN_S * 1e9), stream)
     result = fn()
