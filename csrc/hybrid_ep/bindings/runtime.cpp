@@ -132,6 +132,7 @@ void register_runtime(py::module_& m) {
            })
       .def("registered_bytes", [](const Runtime& r) { return r.layout().total; })
       .def("status", [](const Runtime& r) { return status_dict(r.status()); })
+      .def("begin_call", &Runtime::begin_call, py::arg("stamp"))
       .def("summary",
            [](const Runtime& r) {
              const PreprocessSummary& s = r.host_summary();

@@ -14,6 +14,7 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   gather.experts_total = c.experts_per_rank * c.world;
   gather.routing = l.routing;
   gather.token_counts = l.token_counts;
+  gather.call_stamps = l.call_stamps;
   gather.allgather_flags = l.allgather_flags;
   launch_allgather(gather, stream);
   if (c.nodes > 1) {
@@ -24,6 +25,7 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
     net.experts_total = gather.experts_total;
     net.routing = l.routing;
     net.token_counts = l.token_counts;
+    net.call_stamps = l.call_stamps;
     net.net_allgather_flags = l.net_allgather_flags;
     net.forward_flags = l.forward_flags;
     launch_allgather_network(net, stream);
@@ -33,6 +35,7 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   meta.domain = gather.domain;
   meta.routing = runtime.registered() + l.routing;
   meta.token_counts = reinterpret_cast<const uint64_t*>(runtime.registered() + l.token_counts);
+  meta.call_stamps = reinterpret_cast<const uint64_t*>(runtime.registered() + l.call_stamps);
   meta.max_tokens = c.max_tokens;
   meta.experts_per_rank = c.experts_per_rank;
   meta.dest_masks = runtime.dest_masks();

@@ -38,6 +38,7 @@ __global__ void allgather_kernel(AllgatherParams p) {
   }
   if (threadIdx.x == 0) {
     reinterpret_cast<uint64_t*>(d.peer(peer) + p.token_counts)[my_rank] = p.num_tokens;
+    reinterpret_cast<uint64_t*>(d.peer(peer) + p.call_stamps)[my_rank] = d.stamp;
   }
   __threadfence_system();
   __syncthreads();
@@ -75,6 +76,8 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
                          self + p.routing + map_bytes * me, map_bytes, lane);
     TransportDevice::put(p.transport, 0, n, p.token_counts + sizeof(uint64_t) * me,
                          self + p.token_counts + sizeof(uint64_t) * me, sizeof(uint64_t), lane);
+    TransportDevice::put(p.transport, 0, n, p.call_stamps + sizeof(uint64_t) * me,
+                         self + p.call_stamps + sizeof(uint64_t) * me, sizeof(uint64_t), lane);
     TransportDevice::signal(p.transport, 0, n,
                             p.net_allgather_flags + sizeof(uint64_t) * d.node_rank, 1, lane);
   }
@@ -97,6 +100,8 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
       if (threadIdx.x == 0) {
         reinterpret_cast<uint64_t*>(d.peer(j) + p.token_counts)[source] =
             reinterpret_cast<const uint64_t*>(self + p.token_counts)[source];
+        reinterpret_cast<uint64_t*>(d.peer(j) + p.call_stamps)[source] =
+            reinterpret_cast<const uint64_t*>(self + p.call_stamps)[source];
       }
     }
   }

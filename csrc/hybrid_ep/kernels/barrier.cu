@@ -13,21 +13,47 @@
 namespace hybrid_ep {
 namespace {
 
+// Stamp slot `parity` of sender `index` in a [2][count] stamp region.
+__device__ __forceinline__ size_t stamp_slot(size_t region, int count, uint64_t parity, int index) {
+  return region + sizeof(uint64_t) * (size_t(parity & 1) * count + index);
+}
+
+// Thread `peer`: this rank's stamp and signal to local rank `peer`, then the wait for its
+// signal and the check of the stamp it carried.
 __device__ void local_barrier(const BarrierParams& p, int peer) {
   const DomainView& d = p.domain;
   if (peer >= d.ranks) return;
-  const size_t slot = sizeof(uint64_t) * d.local_rank;
-  signal_flag(reinterpret_cast<uint64_t*>(d.peer(peer) + p.barrier_flags + slot));
   const size_t mine = p.barrier_flags + sizeof(uint64_t) * peer;
-  wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine), d.timeout_ns,
-            d.status, d.abort, WaitSite::kBarrier, peer, 0);
+  // This barrier's count with `peer`, the same on both sides: it picks the stamp slot.
+  const uint64_t count = *d.expected_for(mine) + 1;
+  uint8_t* to = d.peer(peer);
+  *reinterpret_cast<uint64_t*>(to + stamp_slot(p.barrier_stamps, d.ranks, count, d.local_rank)) =
+      d.stamp;
+  signal_flag(reinterpret_cast<uint64_t*>(to + p.barrier_flags + sizeof(uint64_t) * d.local_rank));
+  if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine),
+                 d.timeout_ns, d.status, d.abort, WaitSite::kBarrier, peer, 0)) {
+    return;
+  }
+  const uint64_t theirs = *reinterpret_cast<const volatile uint64_t*>(
+      d.self() + stamp_slot(p.barrier_stamps, d.ranks, count, peer));
+  stamps_agree(d.stamp, theirs, d.status, d.abort, WaitSite::kBarrier, peer);
 }
 
-// One warp: a signal to the peer of every other domain, then lane n waits for domain n's.
+// One warp: this rank's stamp and a signal to the peer of every other domain, then lane n
+// waits for domain n's and checks the stamp it carried.
 __device__ void network_barrier(const BarrierParams& p, int lane) {
   const DomainView& d = p.domain;
+  uint8_t* self = d.self();
   for (int n = 0; n < d.nodes; ++n) {
     if (n == d.node_rank) continue;
+    const size_t flag = p.net_barrier_flags + sizeof(uint64_t) * n;
+    const size_t slot =
+        stamp_slot(p.net_barrier_stamps, d.nodes, *d.expected_for(flag) + 1, d.node_rank);
+    // The put's source is this rank's own slot (registered, as RDMA puts need).
+    if (lane == 0) *reinterpret_cast<uint64_t*>(self + slot) = d.stamp;
+    __threadfence_system();
+    __syncwarp();
+    TransportDevice::put(p.transport, 0, n, slot, self + slot, sizeof(uint64_t), lane);
     TransportDevice::signal(p.transport, 0, n, p.net_barrier_flags + sizeof(uint64_t) * d.node_rank,
                             1, lane);
   }
@@ -35,8 +61,14 @@ __device__ void network_barrier(const BarrierParams& p, int lane) {
   for (int n = lane; n < d.nodes; n += 32) {
     if (n == d.node_rank) continue;
     const size_t mine = p.net_barrier_flags + sizeof(uint64_t) * n;
-    wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine),
-              d.timeout_ns, d.status, d.abort, WaitSite::kNetworkBarrier, n, 0);
+    const uint64_t count = *d.expected_for(mine) + 1;
+    if (!wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine),
+                   d.timeout_ns, d.status, d.abort, WaitSite::kNetworkBarrier, n, 0)) {
+      continue;
+    }
+    const uint64_t theirs = *reinterpret_cast<const volatile uint64_t*>(
+        self + stamp_slot(p.net_barrier_stamps, d.nodes, count, n));
+    stamps_agree(d.stamp, theirs, d.status, d.abort, WaitSite::kNetworkBarrier, n);
   }
 }
 

@@ -5,6 +5,7 @@
 // source chunk: the dense chunk layout); one more block writes the domain-level maps.
 #include <cub/block/block_scan.cuh>
 
+#include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 
@@ -74,6 +75,10 @@ __device__ void write_domain_maps(const MetadataParams& p, int64_t tokens, int m
     uint64_t largest = 0;
     for (int r = 0; r < d.world; ++r) largest = max(largest, p.token_counts[r]);
     p.summary->largest = int64_t(largest);
+  }
+  // Every rank has every rank's stamp here, so every rank finds a disagreement.
+  for (int r = threadIdx.x; r < d.world; r += blockDim.x) {
+    stamps_agree(d.stamp, p.call_stamps[r], d.status, d.abort, WaitSite::kGatheredStamps, r);
   }
 }
 

@@ -25,6 +25,9 @@ struct DomainView {
   DeviceStatus* status;   // host-mapped
   uint32_t* abort;        // device memory: set by a failed wait; later kernels return at once
   uint64_t timeout_ns;
+  // This call's stamp (hybrid_ep/call_stamp.py, Runtime::begin_call), which the call's first
+  // exchange (routing all-gather, barrier) compares with the peers'; 0: none.
+  uint64_t stamp;
 
   __device__ bool aborted() const { return *static_cast<volatile uint32_t*>(abort) != 0; }
 
@@ -43,6 +46,9 @@ struct BarrierParams {
   TransportContext transport;  // used when domain.nodes > 1
   size_t barrier_flags;
   size_t net_barrier_flags;
+  // Region offsets of the stamps the barrier carries, [2][R] and [2][N] (memory/layout.h).
+  size_t barrier_stamps;
+  size_t net_barrier_stamps;
 };
 
 struct AllgatherParams {
@@ -53,6 +59,7 @@ struct AllgatherParams {
   int experts_total;
   size_t routing;  // region offsets
   size_t token_counts;
+  size_t call_stamps;  // uint64 [W]: each rank's stamp, carried like its token count
   size_t allgather_flags;
 };
 
@@ -64,7 +71,7 @@ struct AllgatherNetworkParams {
   TransportContext transport;
   int max_tokens;
   int experts_total;
-  size_t routing, token_counts;
+  size_t routing, token_counts, call_stamps;
   size_t net_allgather_flags, forward_flags;
 };
 
@@ -93,6 +100,7 @@ struct MetadataParams {
   DomainView domain;
   const uint8_t* routing;        // this rank's gathered routing region, bool [W*T, E_total]
   const uint64_t* token_counts;  // [W]
+  const uint64_t* call_stamps;   // [W]: every rank's stamp, compared with this rank's
   int max_tokens;                // T
   int experts_per_rank;          // E
   uint64_t* dest_masks;          // scratch [W*T]: bit d = token goes to rank d (W <= 64)

@@ -29,8 +29,14 @@ struct BufferShape {
 
 struct BufferLayout {
   // Registered (peer-visible) regions, byte offsets from the buffer base.
-  size_t routing;          // bool [W*T, E_total]: every rank's routing map (allgather)
-  size_t token_counts;     // uint64 [W]: tokens of each rank this call (for growth)
+  size_t routing;       // bool [W*T, E_total]: every rank's routing map (allgather)
+  size_t token_counts;  // uint64 [W]: tokens of each rank this call (for growth)
+  size_t call_stamps;   // uint64 [W]: each rank's stamp of this call (routing all-gather)
+  // uint64 [2][R] and [2][N]: the stamps a barrier carries from each local rank and from the
+  // peer of each domain, by parity of the barrier's count (a peer's next barrier cannot
+  // overwrite a stamp not read yet).
+  size_t barrier_stamps;
+  size_t net_barrier_stamps;
   size_t dispatch_rows;    // [W*T, row bytes]: rows dispatched to this rank
   size_t dispatch_probs;   // fp32 [W*T, E*R]
   size_t dispatch_scales;  // fp32 [W*T, H/128]
@@ -75,6 +81,9 @@ struct BufferLayout {
     const size_t rows = static_cast<size_t>(s.max_rows());
     l.routing = take(rows * static_cast<size_t>(s.experts_total()));
     l.token_counts = take(sizeof(uint64_t) * s.world);
+    l.call_stamps = take(sizeof(uint64_t) * s.world);
+    l.barrier_stamps = take(sizeof(uint64_t) * 2 * s.ranks);
+    l.net_barrier_stamps = take(sizeof(uint64_t) * 2 * s.nodes());
     l.dispatch_rows = take(rows * s.max_row_bytes);
     l.dispatch_probs = take(rows * s.prob_cols() * sizeof(float));
     l.dispatch_scales = take(rows * s.max_scale_cols * sizeof(float));

@@ -50,7 +50,8 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
                        config_.channels,
                        config_.transport_options,
                        config_.ranks,
-                       config_.local_rank};
+                       config_.local_rank,
+                       uint64_t(config_.timeout_s * 1e9)};
   buffer_ = make_registered_buffer(setup, layout_.total,
                                    config_.fabric ? HandleKind::kFabric : HandleKind::kCudaIpc);
   setup.registered = buffer_.get();
@@ -147,8 +148,12 @@ const TransportContext& Runtime::control_transport() const {
 }
 
 BarrierParams Runtime::barrier() const {
-  return BarrierParams{domain(), control_transport(), layout_.barrier_flags,
-                       layout_.net_barrier_flags};
+  return BarrierParams{domain(),
+                       control_transport(),
+                       layout_.barrier_flags,
+                       layout_.net_barrier_flags,
+                       layout_.barrier_stamps,
+                       layout_.net_barrier_stamps};
 }
 
 const TransportContext& Runtime::transport() const {

@@ -68,6 +68,9 @@ class Runtime {
   bool connected() const { return connected_; }
 
   const DomainView& domain() const;
+  // The stamp of the call about to launch (hybrid_ep/call_stamp.py): every launch after this
+  // carries it, and the call's first exchange compares it with the peers'.
+  void begin_call(uint64_t stamp) { domain_.stamp = stamp; }
 
   // The transport to the peers of the other domains (every build has one; with one domain it
   // connects to nothing). Bootstrap blobs travel through the caller's process group like the

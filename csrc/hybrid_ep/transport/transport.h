@@ -77,6 +77,8 @@ struct TransportSetup {
   std::map<std::string, std::string> options;
   int ranks = 1;       // ranks per domain: the peer of domain n is global rank n*ranks+local_rank
   int local_rank = 0;  // this rank's index in its domain
+  // HYBRID_EP_TIMEOUT_S: the longest a device-side wait of the backend (a flush) may take.
+  uint64_t timeout_ns = 30ull * 1000 * 1000 * 1000;
 
   // A "0"/"1" option of `backend` (fallback when absent); throws std::invalid_argument
   // naming the backend, the key and the value otherwise.

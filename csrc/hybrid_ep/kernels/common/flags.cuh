@@ -32,6 +32,24 @@ __device__ __forceinline__ void report_timeout(DeviceStatus* status, uint32_t* a
   }
 }
 
+// A peer's stamp of the call (`theirs`, read after the flag that published it) against this
+// rank's: a difference stops the call before it moves data, like a failed wait, and says
+// what differed. 0 is no stamp (internal operations) and agrees with anything.
+__device__ __forceinline__ bool stamps_agree(uint64_t mine, uint64_t theirs, DeviceStatus* status,
+                                             uint32_t* abort, WaitSite site, int peer) {
+  if (mine == 0 || theirs == 0 || mine == theirs) return true;
+  atomicExch(abort, 1u);
+  if (atomicCAS(&status->code, 0, static_cast<int32_t>(StatusCode::kMismatch)) == 0) {
+    status->site = static_cast<int32_t>(site);
+    status->peer = peer;
+    status->slot = 0;
+    status->expected = mine;
+    status->seen = theirs;
+    __threadfence_system();
+  }
+  return false;
+}
+
 // Waits until *flag >= target. Returns false (after reporting) on timeout, or at once when
 // another wait already failed (the abort word lives in device memory: cheap to poll, unlike
 // the host-mapped status).

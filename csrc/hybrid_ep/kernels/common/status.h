@@ -7,7 +7,8 @@
 
 namespace hybrid_ep {
 
-enum class StatusCode : int32_t { kOk = 0, kTimeout = 1 };
+// kMismatch: a peer's call stamp (hybrid_ep/call_stamp.py) differs from this rank's.
+enum class StatusCode : int32_t { kOk = 0, kTimeout = 1, kMismatch = 2 };
 
 enum class WaitSite : int32_t {
   kBarrier = 1,
@@ -20,6 +21,7 @@ enum class WaitSite : int32_t {
   kForward = 8,           // the other domains' maps forwarded by a local rank
   kUnpermuteChunk = 9,    // a chunk unpermuted by a local rank (fused combine_with_unpermute)
   kReceiveRelease = 10,   // a local rank still reading the previous dispatch's rows
+  kGatheredStamps = 11,   // the stamps the routing all-gather brought (peer: a global rank)
 };
 
 struct DeviceStatus {
@@ -27,8 +29,8 @@ struct DeviceStatus {
   int32_t site;       // WaitSite
   int32_t peer;       // local rank waited for (the domain, for network sites)
   int32_t slot;       // chunk or counter index
-  uint64_t expected;  // value waited for
-  uint64_t seen;      // value observed at the timeout
+  uint64_t expected;  // value waited for (kMismatch: this rank's stamp)
+  uint64_t seen;      // value observed at the timeout (kMismatch: the peer's stamp)
 };
 
 }  // namespace hybrid_ep
