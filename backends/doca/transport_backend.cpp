@@ -27,7 +27,8 @@ TransportHost::TransportHost(const TransportSetup& setup)
     : registered_(setup.registered),
       nodes_(setup.nodes),
       node_rank_(setup.node_rank),
-      channels_(setup.channels) {
+      channels_(setup.channels),
+      timeout_ns_(setup.timeout_ns) {
   setup.check();
   // Libraries and options first: what is missing must fail before any GPU allocation.
   doca::Options options;
@@ -94,7 +95,8 @@ TransportContext TransportHost::context() const {
                           fault_,
                           nodes_,
                           node_rank_,
-                          channels_};
+                          channels_,
+                          timeout_ns_};
 }
 
 // Also the place where device-side faults surface: the GPU cannot throw, so it leaves bits in

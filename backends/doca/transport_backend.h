@@ -55,7 +55,7 @@ struct DocaBatch {
 enum DocaFault : unsigned int {
   kDocaFaultSourceOutside = 1,  // a put's source was not in the registered buffer
   kDocaFaultCompletion = 2,     // a completion came back with an error
-  kDocaFaultFlushTimeout = 4,   // a flush saw no completion for a minute
+  kDocaFaultFlushTimeout = 4,   // a flush saw no completion within HYBRID_EP_TIMEOUT_S
 };
 
 struct TransportContext {
@@ -70,6 +70,7 @@ struct TransportContext {
   int nodes;
   int node_rank;
   int channels;
+  uint64_t flush_timeout_ns;  // HYBRID_EP_TIMEOUT_S: a flush reports a fault after it
 };
 
 class TransportHost {
@@ -94,6 +95,7 @@ class TransportHost {
  private:
   const SymmetricBuffer* registered_;
   int nodes_, node_rank_, channels_;
+  uint64_t timeout_ns_;
   ChannelCounters* counters_ = nullptr;
   unsigned int* fault_ = nullptr;
   DocaBatch* batches_ = nullptr;

@@ -16,8 +16,6 @@ namespace hybrid_ep::doca_device {
 constexpr auto kSharing = DOCA_GPUNETIO_VERBS_RESOURCE_SHARING_MODE_GPU;
 // In CPU-proxy mode DOCA only advances the producer index when asked; flush reads it.
 constexpr uint32_t kSubmitOptions = DOCA_GPUNETIO_VERBS_GPU_CODE_OPT_CPU_PROXY_UPDATE_PI;
-// A flush that sees no completion for this long reports a fault instead of hanging.
-constexpr uint64_t kFlushTimeoutNs = 60ull * 1000 * 1000 * 1000;
 
 struct Signal {
   uint64_t flag_offset;
@@ -101,7 +99,8 @@ __device__ inline void wait_completions(const TransportContext& ctx, int channel
     const uint64_t start = doca_gpu_dev_verbs_query_globaltimer();
     int status;
     while ((status = doca_gpu_dev_verbs_poll_one_cq_at<kSharing>(qp, rung - 1)) == EBUSY) {
-      if (doca_gpu_dev_verbs_query_globaltimer() - start > kFlushTimeoutNs) break;
+      // No completion within HYBRID_EP_TIMEOUT_S: a fault instead of a hang.
+      if (doca_gpu_dev_verbs_query_globaltimer() - start > ctx.flush_timeout_ns) break;
     }
     if (status != 0) {
       atomicOr(ctx.fault, status == EBUSY ? kDocaFaultFlushTimeout : kDocaFaultCompletion);

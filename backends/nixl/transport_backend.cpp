@@ -52,7 +52,8 @@ TransportHost::TransportHost(const TransportSetup& setup)
     : registered_(setup.registered),
       nodes_(setup.nodes),
       node_rank_(setup.node_rank),
-      channels_(setup.channels) {
+      channels_(setup.channels),
+      timeout_ns_(setup.timeout_ns) {
   setup.check();
   direct_ = setup.flag_option("nixl", "nixl_direct", true);
   counters_ = allocate_counters(channels_);
@@ -140,7 +141,8 @@ TransportContext TransportHost::context() const {
                           fault_,
                           nodes_,
                           node_rank_,
-                          channels_};
+                          channels_,
+                          timeout_ns_};
 }
 
 // Also where device-side faults surface: the GPU cannot throw, so it leaves bits in the fault

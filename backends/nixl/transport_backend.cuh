@@ -26,9 +26,6 @@ static_assert(sizeof(ucp_device_request_t) <= sizeof(NixlPending::request),
 
 namespace nixl_device {
 
-// A flush gives up (and reports kNixlFaultCompletion) after this long without completion.
-constexpr uint64_t kFlushTimeoutNs = 60ull * 1000 * 1000 * 1000;
-
 __device__ __forceinline__ NixlPending* warp_slot(const TransportContext& ctx) {
   return hybrid_ep::warp_slot(ctx.pending, ctx.pending_slots);
 }
@@ -37,15 +34,15 @@ __device__ __forceinline__ ucp_device_request_t* request_of(NixlPending* slot) {
   return reinterpret_cast<ucp_device_request_t*>(slot->request);
 }
 
-// Progresses the slot's request to completion (all lanes); a failure or a minute without
-// completion leaves a fault bit.
+// Progresses the slot's request to completion (all lanes); a failure, or no completion within
+// HYBRID_EP_TIMEOUT_S (ctx.flush_timeout_ns), leaves a fault bit.
 __device__ inline void complete(const TransportContext& ctx, NixlPending* slot, int lane) {
   if (!slot->in_flight) return;
   const uint64_t start = ptx::global_timer_ns();
   ucs_status_t status;
   do {
     status = ucx_device::progress(request_of(slot));
-  } while (status == UCS_INPROGRESS && ptx::global_timer_ns() - start < kFlushTimeoutNs);
+  } while (status == UCS_INPROGRESS && ptx::global_timer_ns() - start < ctx.flush_timeout_ns);
   __syncwarp();
   if (lane == 0) {
     if (status != UCS_OK) atomicOr(ctx.fault, unsigned(kNixlFaultCompletion));

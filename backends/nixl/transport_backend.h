@@ -27,7 +27,7 @@ struct TransportSetup;
 enum NixlFault : unsigned int {
   kNixlFaultSourceOutside = 1,  // a put's source was not in the registered buffer
   kNixlFaultPost = 2,           // ucp_device_put or ucp_device_counter_inc returned an error
-  kNixlFaultCompletion = 4,     // a flush saw an error, or no completion for a minute
+  kNixlFaultCompletion = 4,     // a flush saw an error, or no completion within HYBRID_EP_TIMEOUT_S
 };
 
 // What a warp still has to complete: the request of its last put that UCX left in progress
@@ -55,6 +55,7 @@ struct TransportContext {
   int nodes;
   int node_rank;
   int channels;
+  uint64_t flush_timeout_ns;  // HYBRID_EP_TIMEOUT_S: a flush reports a fault after it
 };
 
 class TransportHost {
@@ -87,6 +88,7 @@ class TransportHost {
  private:
   const SymmetricBuffer* registered_;
   int nodes_, node_rank_, channels_;
+  uint64_t timeout_ns_;
   ChannelCounters* counters_ = nullptr;
   unsigned int* fault_ = nullptr;
   NixlPending* pending_ = nullptr;

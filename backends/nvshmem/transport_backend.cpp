@@ -129,7 +129,8 @@ void TransportHost::connect(const std::vector<std::string>& blobs) {
 TransportContext TransportHost::context() const {
   if (!connected_) throw std::logic_error("transport: connect() first");
   return TransportContext{registered_->local(), mapped_,   counters_, nodes_,
-                          node_rank_,           channels_, ranks_,    local_rank_};
+                          node_rank_,           channels_, ranks_,    local_rank_,
+                          needs_registered_};
 }
 
 std::vector<ChannelCounters> TransportHost::counters() const {

@@ -8,8 +8,9 @@
 // Where NVSHMEM maps the peer's heap into this process (ctx.mapped: P2P/NVLink), a put is our
 // warp copy into it and a signal a system-scope release add, as with p2p and nixl's cuda_ipc
 // peers: nvshmemx_putmem_nbi_warp over P2P made a 2x2 dispatch take 2545 us against p2p's
-// 1376 us (benchmarks/results/2026-11-29-nvshmem.md). The flush's nvshmem_quiet stays: it
-// costs little there and completes the NIC path's puts.
+// 1376 us (benchmarks/results/2026-11-29-nvshmem.md). A flush calls nvshmem_quiet only when
+// some peer is not mapped (ctx.posts): with every peer mapped nothing went through NVSHMEM, and
+// an unbounded library wait stays out of the kernels (HYBRID_EP_TIMEOUT_S bounds ours).
 #pragma once
 
 #include <cstdint>
@@ -55,9 +56,9 @@ struct TransportDevice {
     __syncwarp();
   }
 
-  __device__ static void flush(const TransportContext&, int, int lane) {
+  __device__ static void flush(const TransportContext& ctx, int, int lane) {
     __syncwarp();
-    if (lane == 0) nvshmem_quiet();
+    if (ctx.posts && lane == 0) nvshmem_quiet();
     __syncwarp();
   }
 };

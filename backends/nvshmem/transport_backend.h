@@ -37,6 +37,9 @@ struct TransportContext {
   int channels;
   int ranks;  // per domain: the peer of domain n is PE n * ranks + local_rank
   int local_rank;
+  // Whether some peer is reached through NVSHMEM's puts (not mapped): only then has a flush
+  // anything to complete (nvshmem_quiet, which nothing bounds but the NIC's retry timeout).
+  bool posts;
 };
 
 class TransportHost {
