@@ -4,10 +4,9 @@ Spawning processes and importing torch costs seconds, so each world size gets on
 whole test session. A test sends one job -- ``(module, function, kwargs)`` -- to every rank;
 each worker imports the module, calls the function and sends back its return value or the
 formatted traceback. A job that does not finish in time fails the test and the pool is torn
-down (the next test that needs that world size gets a fresh one). Each job runs on a fresh
-process group (``job_group()``), so when a job fails on some ranks and every rank still
-answers, the pool stays; when a rank does not answer shortly after another failed, it is
-stuck in a collective and the pool is torn down.
+down (the next test that needs that world size gets a fresh one), and so is a pool whose job
+failed on any rank: ranks that went different ways through a job would meet the next one out
+of step. Each job runs on a fresh process group (``job_group()``).
 
 This module must not import torch at the top: the workers set their thread environment first.
 """
@@ -19,7 +18,6 @@ import importlib
 import os
 import queue
 import sys
-import tempfile
 import time
 import traceback
 
@@ -39,7 +37,8 @@ def job_group():
     return _JOB_GROUP
 
 
-def _worker(rank: int, world_size: int, init_file: str, job_q, result_q, parent_pid: int) -> None:
+def _worker(rank: int, world_size: int, init_method: str, job_q, result_q,
+            parent_pid: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
     try:
@@ -51,7 +50,7 @@ def _worker(rank: int, world_size: int, init_file: str, job_q, result_q, parent_
         torch.set_num_threads(1)
         dist.init_process_group(
             "gloo",
-            init_method="file://" + init_file,
+            init_method=init_method,
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S),
@@ -97,6 +96,14 @@ class JobError(AssertionError):
     pass
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class WorkerPool:
     def __init__(self, world_size: int):
         import torch.multiprocessing as mp
@@ -105,16 +112,16 @@ class WorkerPool:
         self.broken = False
         self._next_job = 0
         ctx = mp.get_context("spawn")
-        fd, self._init_file = tempfile.mkstemp(prefix=f"hybrid_ep_pool{world_size}_")
-        os.close(fd)
-        os.unlink(self._init_file)  # FileStore creates it
+        # A TCP store: the library's host exchanges go through the group's store
+        # (hybrid_ep/rendezvous.py), and a FileStore's waits poll every 10 ms.
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
         self._result_q = ctx.Queue()
         self._job_qs = [ctx.Queue() for _ in range(world_size)]
         self._procs = []
         for rank in range(world_size):
             proc = ctx.Process(
                 target=_worker,
-                args=(rank, world_size, self._init_file, self._job_qs[rank], self._result_q,
+                args=(rank, world_size, init_method, self._job_qs[rank], self._result_q,
                       os.getpid()),
                 daemon=True,
                 name=f"hybrid-ep-test-rank{rank}of{world_size}",
@@ -176,8 +183,10 @@ class WorkerPool:
         failed = {r: tb for r, (ok, tb) in results.items() if not ok}
         silent = sorted(set(range(self.world_size)) - set(results))
         if failed:
-            if silent:  # stuck in a collective with the failed ranks: start afresh
-                self.close()
+            # Start afresh: ranks stuck in a collective with the failed ones, or ranks that
+            # went different ways through the job, would meet the next job out of step (the
+            # library numbers each group's buffers per process, rendezvous.py).
+            self.close()
             first = min(failed)
             others = [r for r in sorted(failed) if failed[r] != failed[first]]
             msg = (f"{module}.{function} failed on ranks {sorted(failed)} of "
@@ -205,8 +214,6 @@ class WorkerPool:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-        with contextlib.suppress(OSError):
-            os.unlink(self._init_file)
 
 
 class PoolManager:

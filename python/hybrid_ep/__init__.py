@@ -10,6 +10,8 @@ from importlib import metadata as _metadata
 
 from .buffer import HybridEPBuffer
 from .config import ENV_VARS, HybridEPConfig
+from .deep_ep_alias import install_as_deep_ep
+from .errors import HybridEPMismatchError, HybridEPTimeoutError
 
 try:
     __version__ = _metadata.version("hybrid-ep")
@@ -29,4 +31,5 @@ def build_info() -> dict:
     return info
 
 
-__all__ = ["ENV_VARS", "HybridEPBuffer", "HybridEPConfig", "__version__", "build_info"]
+__all__ = ["ENV_VARS", "HybridEPBuffer", "HybridEPConfig", "HybridEPMismatchError",
+           "HybridEPTimeoutError", "__version__", "build_info", "install_as_deep_ep"]

@@ -63,11 +63,11 @@ def pick_device(requested: str) -> str:
 
 
 def random_routing(tokens: int, experts_total: int, topk: int, generator: torch.Generator):
-    scores = torch.rand(tokens, experts_total, generator=generator)
+    scores = torch.rand(tokens, experts_total, generator=generator, device="cpu")
     topk_idx = scores.topk(topk, dim=1).indices
-    routing_map = torch.zeros(tokens, experts_total, dtype=torch.bool)
+    routing_map = torch.zeros(tokens, experts_total, dtype=torch.bool, device="cpu")
     routing_map.scatter_(1, topk_idx, True)
-    probs = torch.where(routing_map, torch.rand(tokens, experts_total, generator=generator), 0.0)
+    probs = torch.where(routing_map, torch.rand(tokens, experts_total, generator=generator, device="cpu"), 0.0)
     return routing_map, probs
 
 
@@ -119,7 +119,7 @@ def _run_rank(rank: int, cfg: BenchConfig, device: str) -> list[Row]:
     rows_seen = []
     for step in range(cfg.warmup + cfg.iters):
         routing_map, probs = random_routing(cfg.tokens, experts_total, cfg.topk, generator)
-        hidden = torch.randn(cfg.tokens, cfg.hidden, generator=generator).to(torch.bfloat16)
+        hidden = torch.randn(cfg.tokens, cfg.hidden, generator=generator, device="cpu").to(torch.bfloat16)
         everyone = oracle.gather_inputs(group, hidden=hidden, routing_map=routing_map,
                                         probs=probs)
         want = oracle.expected_dispatch(everyone, rank, cfg.experts_per_rank, per_domain)
@@ -135,8 +135,9 @@ def _run_rank(rank: int, cfg: BenchConfig, device: str) -> list[Row]:
             rows_seen.append(out.shape[0])
         if cfg.fp8:
             fp8 = torch.randint(0, 256, (cfg.tokens, cfg.hidden), dtype=torch.uint8,
-                                generator=generator)
-            scales = torch.rand(cfg.tokens, cfg.hidden // 128, generator=generator)
+                                generator=generator, device="cpu")
+            scales = torch.rand(cfg.tokens, cfg.hidden // 128, generator=generator,
+                                device="cpu")
             everyone8 = oracle.gather_inputs(group, hidden=fp8, routing_map=routing_map,
                                              scaling_factor=scales)
             want8 = oracle.expected_dispatch(everyone8, rank, cfg.experts_per_rank, per_domain)

@@ -6,6 +6,8 @@ the pure-torch reference engine; CUDA tensors on the CUDA engine.
 
 from __future__ import annotations
 
+import collections
+import functools
 import itertools
 import shutil
 import warnings
@@ -15,20 +17,49 @@ import torch.distributed as dist
 
 from . import handle as handles
 from . import validation as v
+from .call_stamp import CallStamp
 from .config import CONFIG_FIELDS, EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth, select_engine
+from .errors import HybridEPMismatchError
 from .reference import layout as layouts
 from .reference import network
 from .reference.engine import ReferenceEngine
+from .rendezvous import Rendezvous
 from .topology import (
     Topology,
     check_ranks_per_domain,
     detect_ranks_per_domain,
-    gather_objects,
     local_facts,
 )
 
 _BUFFER_IDS = itertools.count(1)
+# Buffers built on each group by this process: with every rank building its buffers in the same
+# order (construction is collective), the n-th buffer of a group has the same number everywhere
+# and names its rendezvous keys with it.
+_BUFFERS_OF_GROUP: collections.Counter = collections.Counter()
+
+
+def _group_key(group) -> str:
+    return str(getattr(group, "group_name", None) or id(group))
+
+
+def _collective(op: str):
+    """A public call: when it raises on this rank's input before the call's first exchange,
+    its peers (reference engine, which agrees on every call on the host) learn it there and
+    raise too, instead of waiting for this rank until the timeout."""
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            self._call_agreed = False
+            self._call_engine = None
+            try:
+                return method(self, *args, **kwargs)
+            except (ValueError, TypeError) as error:
+                if not self._call_agreed and not isinstance(error, HybridEPMismatchError):
+                    self._note_failure(op, error, args, kwargs)
+                raise
+        return call
+    return wrap
 
 DEFAULT_SMS_DISPATCH = 16
 DEFAULT_SMS_COMBINE = 16
@@ -56,6 +87,28 @@ class HybridEPBuffer:
             raise RuntimeError("group: torch.distributed is not initialised; call "
                                "torch.distributed.init_process_group first")
         group = dist.group.WORLD if group is None else group
+        env = EnvSettings.read()
+        _BUFFERS_OF_GROUP[_group_key(group)] += 1
+        # Every host exchange of this buffer (construction, the reference engine's calls, the
+        # CUDA engine's set-up and release) is bounded by HYBRID_EP_TIMEOUT_S (rendezvous.py).
+        self._rendezvous = Rendezvous(group, f"buffer{_BUFFERS_OF_GROUP[_group_key(group)]}",
+                                      env.timeout_s)
+        try:
+            self._init(group, env, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
+                       use_fp8, num_sms_dispatch_api, num_sms_combine_api,
+                       num_sms_preprocessing_api, num_blocks_permute, num_blocks_unpermute,
+                       load_cached_kernels, use_shared_buffer, enable_custom_allgather,
+                       num_of_hybrid_ep_ranks_per_nvlink_domain, use_mnnvl)
+        except (ValueError, TypeError) as error:
+            if not self._constructed and not isinstance(error, HybridEPMismatchError):
+                self._rendezvous.note_failure("HybridEPBuffer()", error)
+            raise
+
+    def _init(self, group, env, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
+              use_fp8, num_sms_dispatch_api, num_sms_combine_api, num_sms_preprocessing_api,
+              num_blocks_permute, num_blocks_unpermute, load_cached_kernels, use_shared_buffer,
+              enable_custom_allgather, num_of_hybrid_ep_ranks_per_nvlink_domain, use_mnnvl):
+        self._constructed = False  # the construction's exchange has happened
         hidden_dim = v.require_int("hidden_dim", hidden_dim, minimum=1)
         if hidden_dim % v.BF16_ALIGN != 0:
             raise ValueError(f"hidden_dim={hidden_dim}: expected a multiple of {v.BF16_ALIGN}")
@@ -67,7 +120,6 @@ class HybridEPBuffer:
         if use_fp8 and hidden_dim % v.FP8_BLOCK != 0:
             raise ValueError(f"hidden_dim={hidden_dim}: use_fp8=True needs a multiple of "
                              f"{v.FP8_BLOCK} (one fp32 scale per {v.FP8_BLOCK} values)")
-        env = EnvSettings.read()
         self._env = env
 
         self.group = group
@@ -76,7 +128,8 @@ class HybridEPBuffer:
         # Construction is collective: agree on the shape of the problem and find the domains.
         facts = local_facts() | {"hidden_dim": hidden_dim, "max_tokens": max_tokens,
                                  "num_local_experts": experts}
-        everyone = gather_objects(facts, group)
+        everyone = self._rendezvous.gather("HybridEPBuffer()", facts)
+        self._constructed = True
         for key, arg in (("hidden_dim", "hidden_dim"), ("num_local_experts", "num_local_experts")):
             values = [f[key] for f in everyone]
             if len(set(values)) != 1:
@@ -131,8 +184,12 @@ class HybridEPBuffer:
             num_of_stages_s2g_combine_api=env.stages_s2g_combine,
             num_channels=env.num_channels,
         )
-        self._reference = ReferenceEngine(group, self.topology, experts)
+        self._reference = ReferenceEngine(group, self.topology, experts, self._rendezvous,
+                                          env.timeout_s)
         self._cuda_engine = None
+        self._handles = itertools.count(1)  # ids of the handles this buffer makes (CallStamp)
+        self._call_agreed = False
+        self._call_engine = None
         self._sends = network.TransportStats.with_channels(self.config.num_channels)
 
     # -- attributes of the original class ------------------------------------------------------
@@ -164,7 +221,35 @@ class HybridEPBuffer:
 
     # -- shared steps ----------------------------------------------------------------------------
     def _engine(self, hidden: torch.Tensor):
-        return select_engine(self._env.engine, hidden.device, self._reference, self._cuda)
+        engine = select_engine(self._env.engine, hidden.device, self._reference, self._cuda)
+        self._call_engine = engine
+        return engine
+
+    def _agree(self, engine, stamp: CallStamp, rows: int) -> None:
+        """The call's agreement (call_stamp.py), after every check of this rank's input: the
+        reference engine exchanges the stamps on the host now; the CUDA engine hands its stamp
+        to the routing all-gather and barriers its kernels start with."""
+        engine.agree(stamp, rows)
+        self._call_agreed = True
+
+    def _note_failure(self, op: str, error: BaseException, args, kwargs) -> None:
+        """This rank raised on its input before the call's agreement: on the reference engine
+        its peers wait for it there, so leave them the message (rendezvous.note_failure). The
+        CUDA engine's peers wait on the GPU and report a timeout naming this rank."""
+        engine = self._call_engine
+        if engine is not None:
+            on_reference = engine is self._reference
+        else:
+            first = kwargs.get("hidden", kwargs.get("handle", args[0] if args else None))
+            if isinstance(first, tuple) and first and isinstance(first[0], torch.Tensor):
+                first = first[0]  # a handle
+            if isinstance(first, torch.Tensor):
+                on_reference = self._env.engine == "reference" or first.device.type == "cpu"
+            else:
+                on_reference = (self._env.engine == "reference"
+                                or not torch.cuda.is_available())
+        if on_reference:
+            self._rendezvous.note_failure(op, error)
 
     def _cuda(self):
         """The CUDA engine, created by the first CUDA call (collective) and rebuilt when the
@@ -174,7 +259,7 @@ class HybridEPBuffer:
             from .cuda_engine import CudaEngine
 
             self._cuda_engine = CudaEngine(self.group, self.topology, self.config, self._env,
-                                           self.use_mnnvl)
+                                           self.use_mnnvl, self._rendezvous)
         elif engine.config is not self.config and not engine.matches(self.config):
             # (The same config object: nothing changed since the engine was built for it, and
             # the field-by-field check cost microseconds of every call.)
@@ -215,24 +300,37 @@ class HybridEPBuffer:
         if use_fp8 is not None and bool(use_fp8) != is_fp8:
             raise ValueError(f"use_fp8={use_fp8}: hidden is {hidden.dtype}; expected "
                              f"use_fp8={is_fp8} or None")
+        # One check for both engines: rows up to the buffer's width (narrower ones are fine).
+        if hidden.shape[1] > self.config.hidden_dim:
+            raise ValueError(f"hidden: {hidden.shape[1]} columns exceed the buffer's hidden_dim="
+                             f"{self.config.hidden_dim} (got {v.describe(hidden)}); call "
+                             "update_template_config(hidden_dim=...) on every rank first")
         return is_fp8
 
     def _dispatch_rows(self, engine, *, hidden, scaling_factor, probs, routing_map, handle,
-                       permute: bool, caller: str, non_blocking: bool, fused_permute=None):
-        """Preprocess (or reuse the handle), then move rows. Returns rows, layout, call config.
-        With ``fused_permute`` (CUDA engine) the rows come back permuted, with their layout."""
+                       permute: bool, caller: str, non_blocking: bool, fused_permute=None,
+                       fused: bool = False):
+        """Agree on the call, preprocess (or reuse the handle), then move rows. Returns rows,
+        layout, call config. With ``fused_permute`` (CUDA engine) the rows come back permuted,
+        with their layout."""
+        stamp = CallStamp(caller, engine=engine.name, fp8=v.is_fp8(hidden),
+                          width=hidden.shape[1], probs=probs is not None,
+                          scales=scaling_factor is not None, non_blocking=non_blocking,
+                          fused=fused)
         if handle is not None:
             made = handles.check_handle(handle, self.config, permute=permute, caller=caller)
             _check_handle_device(handle, hidden)
             if hidden.shape[0] != made.num_tokens:
                 raise ValueError(f"hidden: {hidden.shape[0]} rows, but the handle was made for "
                                  f"{made.num_tokens} tokens on this rank")
+            self._agree(engine, stamp.with_handle(made), hidden.shape[0])
             layout = handles.layout_from_handle(handle)
             tokens = handle[5] if not permute else handle[8]
             rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens,
                                    keep_in_buffer=permute, fused_permute=fused_permute)
             self._count_sends(engine, layout, tokens, hidden, probs, scaling_factor)
             return rows, layout, tokens, made, None
+        self._agree(engine, stamp, hidden.shape[0])
         while True:
             layout, routing, tokens = self._preprocess(engine, routing_map.contiguous(),
                                                        non_blocking=non_blocking, permute=permute)
@@ -313,6 +411,7 @@ class HybridEPBuffer:
             raise ValueError(f"num_dispatched_tokens={value}: this rank receives {actual} rows")
 
     # -- dispatch / combine ----------------------------------------------------------------------
+    @_collective("dispatch")
     def dispatch(self, hidden, scaling_factor=None, topk_idx=None, topk_weights=None,
                  num_of_experts=None, probs=None, routing_map=None,
                  num_dispatched_tokens_tensor=None, num_dispatched_tokens=None, handle=None):
@@ -337,10 +436,11 @@ class HybridEPBuffer:
             call = self.config.replace(
                 max_num_of_tokens_per_rank=tokens, with_permute=False,
                 num_tokens=hidden.shape[0], num_dispatched_tokens=layout.num_dispatched_tokens,
-                own_rows=layout.own_rows, non_blocking=False)
+                own_rows=layout.own_rows, non_blocking=False, handle_id=next(self._handles))
             handle = handles.make_dispatch_handle(layout, tokens, call, hidden.device)
         return out, out_probs, out_scales, handle
 
+    @_collective("combine")
     def combine(self, hidden, probs=None, handle=None):
         if handle is None:
             raise ValueError("handle: required; pass the handle returned by dispatch")
@@ -352,12 +452,16 @@ class HybridEPBuffer:
                                                self.config.num_local_experts
                                                * self.num_of_hybrid_ep_ranks_per_nvlink_domain))
         engine = self._engine(hidden)
+        self._agree(engine, CallStamp("combine", engine=engine.name, width=hidden.shape[1],
+                                      probs=probs is not None).with_handle(made),
+                    hidden.shape[0])
         layout = handles.layout_from_handle(handle)
         self._count_combine_sends(engine, layout, handle[5], hidden, probs is not None)
         return engine.combine(hidden.contiguous(),
                               probs.contiguous() if probs is not None else None,
                               layout, handle[5], made.num_tokens)
 
+    @_collective("get_combine_input_buffer")
     def get_combine_input_buffer(self, handle, hidden_dim=None) -> torch.Tensor:
         """A BF16 ``[dispatched rows, hidden_dim]`` tensor in this rank's registered buffer
         (CUDA engine) for the expert outputs of ``handle``'s combine: ``combine`` reads it where
@@ -376,6 +480,8 @@ class HybridEPBuffer:
                 raise ValueError(f"hidden_dim={cols}: expected a multiple of {v.BF16_ALIGN} "
                                  f"up to the buffer's hidden_dim={self.config.hidden_dim}")
         engine = self._engine(handle[0])
+        self._agree(engine, CallStamp("get_combine_input_buffer", engine=engine.name,
+                                      width=cols).with_handle(made), 0)
         return engine.combine_input(made.num_dispatched_tokens, cols, handle[0].device)
 
     def _check_combine_input(self, hidden, probs, rows: int, probs_shape: tuple):
@@ -388,6 +494,7 @@ class HybridEPBuffer:
                              shape=probs_shape, device=hidden.device)
 
     # -- permuted variants -----------------------------------------------------------------------
+    @_collective("dispatch_with_permute")
     def dispatch_with_permute(self, *, hidden, topk_idx=None, topk_weights=None,
                               num_of_experts_per_rank=None, num_of_experts=None, use_fp8=None,
                               routing_map=None, probs=None, scaling_factor=None,
@@ -438,7 +545,8 @@ class HybridEPBuffer:
         moved, layout, tokens, made, routing = self._dispatch_rows(
             engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs,
             routing_map=routing_map, handle=handle, permute=True,
-            caller="dispatch_with_permute", non_blocking=non_blocking, fused_permute=fused)
+            caller="dispatch_with_permute", non_blocking=non_blocking, fused_permute=fused,
+            fused=fuse_permute_dispatch)
         if fused is not None:
             (out, out_probs, out_scales), plan = moved
         else:
@@ -473,7 +581,8 @@ class HybridEPBuffer:
             call = made.replace(**this_call) if made else self.config.replace(
                 max_num_of_tokens_per_rank=tokens, with_permute=True, num_tokens=hidden.shape[0],
                 num_dispatched_tokens=layout.num_dispatched_tokens, pad_multiple=pad,
-                fuse_permute_dispatch=fuse_permute_dispatch, **this_call)
+                fuse_permute_dispatch=fuse_permute_dispatch, handle_id=next(self._handles),
+                **this_call)
             handle = handles.make_permute_handle(
                 layout, chunk_layout, plan.dense_to_expert_map, plan.raw_tokens_per_expert,
                 tokens, call, overflow, device)
@@ -484,6 +593,7 @@ class HybridEPBuffer:
             tokens_per_expert = tokens_per_expert.cpu().pin_memory()
         return out, out_probs, out_scales, tokens_per_expert, handle
 
+    @_collective("combine_with_unpermute")
     def combine_with_unpermute(self, *, hidden, probs=None, handle=None, pad_multiple=None,
                                fuse_unpermute_combine=False, num_dispatched_tokens=None):
         if handle is None:
@@ -501,6 +611,10 @@ class HybridEPBuffer:
         self._check_combine_input(hidden, probs, made.num_permuted_tokens,
                                   probs_shape=(made.num_permuted_tokens,))
         engine = self._engine(hidden)
+        self._agree(engine, CallStamp("combine_with_unpermute", engine=engine.name,
+                                      width=hidden.shape[1], probs=probs is not None,
+                                      fused=fuse_unpermute_combine).with_handle(made),
+                    hidden.shape[0])
         layout = handles.layout_from_handle(handle)
         self._count_combine_sends(engine, layout, handle[8], hidden, probs is not None)
         # The CUDA engine fuses the unpermute into the combine grid; the reference engine has
@@ -536,7 +650,8 @@ class HybridEPBuffer:
             experts = v.require_int("num_local_experts", num_local_experts, minimum=1)
             if experts != self.config.num_local_experts:
                 changes["num_local_experts"] = experts
-                self._reference = ReferenceEngine(self.group, self.topology, experts)
+                self._reference = ReferenceEngine(self.group, self.topology, experts,
+                                                  self._rendezvous, self._env.timeout_s)
         if pad_multiple is not None:
             changes["pad_multiple"] = v.normalize_pad_multiple(pad_multiple)
         if use_fp8 is not None:
@@ -559,7 +674,7 @@ class HybridEPBuffer:
         safe only when no peer can still be in an operation."""
         if self._cuda_engine is not None:
             torch.cuda.synchronize(self._cuda_engine.device)
-            dist.barrier(group=self.group)
+            self._rendezvous.barrier("destroy")
             self._cuda_engine.close()
             self._cuda_engine = None
 

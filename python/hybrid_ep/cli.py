@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 # Defaults of the CPU bench (the reference engine over gloo); --device cuda has its own
@@ -19,9 +20,37 @@ def _check_shape(topk: int, experts_total: int, hidden: int) -> None:
         raise SystemExit(f"--hidden {hidden} must be a multiple of 128 (FP8 scales)")
 
 
+def _count(minimum: int):
+    """An argparse type: an int >= ``minimum`` (argparse reports anything else, no traceback)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _check_writable(path: str | None) -> None:
+    """Fails before the run, not after it, when ``--json`` cannot be written."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise SystemExit(f"--json {path}: is a folder; expected a file path")
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            raise SystemExit(f"--json {path}: not writable")
+    elif not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise SystemExit(f"--json {path}: folder {folder} does not exist or is not writable")
+
+
 def _bench(args) -> int:
     from . import bench
 
+    _check_writable(args.json)
     if bench.pick_device(args.device) == "cuda":
         return _bench_gpu(args)
     for name, value in _CPU_DEFAULTS.items():
@@ -122,7 +151,8 @@ def _bench_gpu(args) -> int:
 
 
 def _info(_args) -> int:
-    from . import ENV_VARS, __version__, native
+    from . import __version__, native
+    from .config import effective_env
 
     print(f"hybrid-ep {__version__}")
     loaded = native.load()
@@ -132,9 +162,31 @@ def _info(_args) -> int:
         for key, value in loaded.build_info().items():
             print(f"{key}: {value}")
         print(f"visible CUDA devices: {loaded.device_count()}")
-    print("environment variables:")
-    for var in ENV_VARS:
-        print(f"  {var.name} (default {var.default}): {var.meaning}")
+    print("environment variables (value in effect; set: from the environment):")
+    malformed = 0
+    for var, value, error in effective_env():
+        if error is not None:
+            malformed += 1
+            print(f"  {var.name} = {value!r}  MALFORMED: {error}")
+        else:
+            source = "set" if var.name in os.environ else "default"
+            print(f"  {var.name} = {value} ({source}): {var.meaning}")
+    if malformed:
+        print(f"{malformed} malformed variable(s): a HybridEPBuffer would refuse to start")
+        return 1
+    return 0
+
+
+def _deep_ep_shim(args) -> int:
+    from .deep_ep_alias import write_deep_ep_shim
+
+    try:
+        package = write_deep_ep_shim(args.directory)
+    except (FileExistsError, OSError) as error:
+        print(f"hybrid-ep deep-ep-shim: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {package}; with {args.directory} first on PYTHONPATH, `from deep_ep import "
+          "HybridEPBuffer` gives hybrid_ep's (delete the folder to undo)")
     return 0
 
 
@@ -142,20 +194,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hybrid-ep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="run dispatch/combine over local ranks, verify and time them")
-    b.add_argument("--ranks", type=int, default=None,
+    b.add_argument("--ranks", type=_count(1), default=None,
                    help="local ranks to spawn (cpu: default 4; cuda: overrides the regime's, "
                         "hbm 8, sm 1 and 2)")
-    b.add_argument("--nodes", type=int, default=1,
+    b.add_argument("--nodes", type=_count(1), default=1,
                    help="NVLink domains the ranks split into (cuda: >= 2 runs the multi-domain "
                         "bench, default ranks 2 x nodes, 8 SMs each)")
-    b.add_argument("--hidden", type=int, default=None, help="cpu: default 2048; cuda: 7168")
-    b.add_argument("--tokens", type=int, default=None,
+    b.add_argument("--hidden", type=_count(1), default=None, help="cpu: default 2048; cuda: 7168")
+    b.add_argument("--tokens", type=_count(1), default=None,
                    help="tokens per rank (cpu: default 512; cuda: 4096)")
-    b.add_argument("--experts-per-rank", type=int, default=None, help="cpu: default 4; cuda: 8")
-    b.add_argument("--topk", type=int, default=None, help="cpu: default 4; cuda: 8")
-    b.add_argument("--iters", type=int, default=None,
+    b.add_argument("--experts-per-rank", type=_count(1), default=None,
+                   help="cpu: default 4; cuda: 8")
+    b.add_argument("--topk", type=_count(1), default=None, help="cpu: default 4; cuda: 8")
+    b.add_argument("--iters", type=_count(1), default=None,
                    help="timed iterations (cpu: default 5; cuda: 20)")
-    b.add_argument("--warmup", type=int, default=None, help="cpu: default 1; cuda: 3")
+    b.add_argument("--warmup", type=_count(0), default=None, help="cpu: default 1; cuda: 3")
     b.add_argument("--no-fp8", action="store_true", help="skip the FP8 dispatch")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the CUDA engine on a GPU build, else the reference on the CPU")
@@ -165,7 +218,7 @@ def main(argv=None) -> int:
     g.add_argument("--regime", choices=("hbm", "sm", "all"), default="all",
                    help="hbm: 8 ranks on one GPU x 16 SMs vs the HBM roofline; sm: 1 and 2 "
                         "ranks x 8 SMs vs the per-SM TMA copy ceiling; all: both (default)")
-    g.add_argument("--sms", type=int, default=None,
+    g.add_argument("--sms", type=_count(1), default=None,
                    help="SMs per rank for dispatch and combine (default: hbm 16, sm 8)")
     g.add_argument("--out-dir", default=None,
                    help="folder for bench-<regime>[-<label>].md and bench[-<label>].json "
@@ -176,7 +229,7 @@ def main(argv=None) -> int:
     g.add_argument("--channels", default="1,2,4",
                    help="with --nodes > 1: transport channel counts to run, comma-separated "
                         "(HYBRID_EP_NUM_CHANNELS; default 1,2,4)")
-    g.add_argument("--permute-blocks", type=int, default=None,
+    g.add_argument("--permute-blocks", type=_count(0), default=None,
                    help="permute blocks per rank of the fused dispatch_with_permute (default: "
                         "an even split of the GPU's SMs among the ranks on it, less the dispatch "
                         "SMs; 0 skips the fused op)")
@@ -189,8 +242,13 @@ def main(argv=None) -> int:
                         "OUT_DIR/kernels-<regime>-<ranks>r-rank<rank>.json (for "
                         "benchmarks/rank_skew.py)")
     b.set_defaults(func=_bench)
-    i = sub.add_parser("info", help="build info and environment variables")
+    i = sub.add_parser("info", help="build info and the environment variables in effect")
     i.set_defaults(func=_info)
+    s = sub.add_parser("deep-ep-shim",
+                       help="write DIRECTORY/deep_ep, an opt-in alias of hybrid_ep for clients "
+                            "that import deep_ep (put DIRECTORY on PYTHONPATH)")
+    s.add_argument("directory")
+    s.set_defaults(func=_deep_ep_shim)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -307,6 +307,30 @@ class EnvSettings:
         )
 
 
+def effective_env() -> list[tuple[EnvVar, str, str | None]]:
+    """Every declared variable, the value in effect (the environment's, else the default) and,
+    for a malformed one, the error a HybridEPBuffer would raise (None otherwise)."""
+    errors: dict[str, str] = {}
+    removed: dict[str, str] = {}
+    try:
+        for _ in range(len(ENV_VARS) + 1):
+            try:
+                EnvSettings.read()
+                break
+            except ValueError as error:
+                text = str(error)
+                found = [(m.start(), v.name) for v in ENV_VARS
+                         if (m := re.search(rf"\b{v.name}=", text)) and v.name not in removed]
+                if not found:
+                    raise
+                name = min(found)[1]
+                errors[name] = text
+                removed[name] = os.environ.pop(name)
+    finally:
+        os.environ.update(removed)
+    return [(v, os.environ.get(v.name, v.default), errors.get(v.name)) for v in ENV_VARS]
+
+
 @dataclass(frozen=True)
 class HybridEPConfig:
     """The buffer's template; a handle carries a copy with the call's fields filled in."""
@@ -342,6 +366,8 @@ class HybridEPConfig:
     own_rows: tuple[int, int] | None = None
     num_permuted_tokens: int | None = None
     non_blocking: bool | None = None
+    # The buffer's count of the handle (CallStamp: ranks agree on the handle a call passes).
+    handle_id: int | None = None
 
     @property
     def num_of_experts(self) -> int:

@@ -15,27 +15,35 @@ import warnings
 import torch
 
 from . import native, transport_bootstrap, transport_connect, transport_options
+from .call_stamp import CallStamp, differences
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
+from .errors import HybridEPMismatchError, HybridEPTimeoutError
 from .reference.layout import DispatchLayout, PermuteLayout, ceil_div
 from .registered_views import RegisteredViews
-from .topology import Topology, gather_objects
+from .topology import Topology
 
+__all__ = ["CudaEngine", "HybridEPMismatchError", "HybridEPTimeoutError", "fused_blocks"]
+
+_STATUS_TIMEOUT, _STATUS_MISMATCH = 1, 2  # kernels/common/status.h
 _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag",
                4: "network dispatch chunk", 5: "network combine chunk", 6: "network barrier",
                7: "network routing all-gather", 8: "forwarded routing maps",
                9: "unpermuted chunk", 10: "release of the previous dispatch's rows"}
 _NETWORK_SITES = (4, 5, 6, 7)
+# Which operations wait at each site (a timeout names the oldest one still in flight).
+_PREPROCESS_OPS = ("dispatch", "dispatch_with_permute")
+_SITE_OPS = {2: _PREPROCESS_OPS, 3: _PREPROCESS_OPS, 4: _PREPROCESS_OPS, 5: ("combine",
+             "combine_with_unpermute"), 7: _PREPROCESS_OPS, 8: _PREPROCESS_OPS,
+             9: ("combine_with_unpermute",), 10: _PREPROCESS_OPS}
+# Calls remembered for the error message (the stamps of the latest calls).
+_INFLIGHT_CALLS = 64
 # The current stream's handle without building a torch.cuda.Stream: about 0.2 us where
 # torch.cuda.current_stream() takes about 5, and the fused calls ask four times.
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 # The fewest fused permute/unpermute blocks a default sizing gives, however many ranks share
 # the GPU.
 MIN_DEFAULT_FUSED_BLOCKS = 16
-
-
-class HybridEPTimeoutError(RuntimeError):
-    """A GPU wait for a peer gave up: a peer died, hung, or called a different operation."""
 
 
 class StagedRows:
@@ -54,13 +62,15 @@ class CudaEngine:
     name = "cuda"
 
     def __init__(self, group, topo: Topology, config: HybridEPConfig, env: EnvSettings,
-                 use_mnnvl: bool):
+                 use_mnnvl: bool, rendezvous):
         if topo.group_size > 64:
             raise ValueError(f"group: {topo.group_size} ranks; the CUDA engine supports at most "
                              "64 per group")
         self.group = group
         self.topo = topo
         self.env = env
+        self.rendezvous = rendezvous  # bounded host exchanges (rendezvous.py)
+        self._calls: list[CallStamp] = []  # stamps of the calls since the status was last clean
         self.use_mnnvl = use_mnnvl
         self.experts = config.num_local_experts
         self.device = torch.device("cuda", torch.cuda.current_device())
@@ -68,7 +78,7 @@ class CudaEngine:
         self._preprocessed = False  # the dispatch follows its preprocess (no barrier needed)
         self._summary_ready = torch.cuda.Event()
         self._expert_counts = torch.empty(config.num_local_experts, dtype=torch.int32,
-                                          pin_memory=True)
+                                          device="cpu", pin_memory=True)
         self._counts_pending = False
         self._sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         # MPS applies a thread percentage when the context is created; _sms is then the share.
@@ -108,8 +118,9 @@ class CudaEngine:
         self.config = config
         self.experts = config.num_local_experts
         self.runtime = C.Runtime(rc)
-        everyone = gather_objects((self.runtime.export_handle(), _gpu_identity(self.device)),
-                                  self.group)
+        everyone = self.rendezvous.gather(
+            "HybridEPBuffer (CUDA engine set-up)",
+            (self.runtime.export_handle(), _gpu_identity(self.device)))
         gpu = everyone[self.topo.rank][1]
         self._ranks_on_gpu = sum(1 for _, other in everyone if other == gpu)
         first = self.topo.node_rank * self.topo.ranks_per_domain
@@ -140,7 +151,7 @@ class CudaEngine:
         if runtime is None:
             return
         # Decided together: a collectively freed buffer is freed by every rank or by none.
-        if any(gather_objects(self._views.of(runtime), self.group)):
+        if any(self.rendezvous.gather("HybridEPBuffer (release)", self._views.of(runtime))):
             warnings.warn("HybridEPBuffer: a tensor from get_combine_input_buffer still views "
                           "the registered buffer being replaced or destroyed; its memory is "
                           "freed when the last such tensor is", RuntimeWarning, stacklevel=4)
@@ -187,18 +198,51 @@ class CudaEngine:
         self._release_runtime()
 
     # -- checks ----------------------------------------------------------------------------------
+    def agree(self, stamp: CallStamp, num_tokens: int) -> None:
+        """The call's stamp, which the kernels of its first exchange (routing all-gather,
+        barrier) compare with the peers' before data moves (no host exchange)."""
+        self.check_status()
+        self.runtime.begin_call(stamp.pack())
+        self._calls.append(stamp)
+        if len(self._calls) > _INFLIGHT_CALLS:
+            del self._calls[0]
+
+    def _call_at(self, site: int) -> str:
+        """The oldest call since the last clean synchronisation that waits at ``site``."""
+        ops = _SITE_OPS.get(site)
+        for stamp in self._calls:
+            if ops is None or stamp.op in ops:
+                return stamp.op
+        return "an earlier call"
+
     def check_status(self) -> None:
         status = self.runtime.status()
-        if status["code"] != 0:
-            site = _WAIT_SITES.get(status["site"], f"site {status['site']}")
-            peer = (f"the peer in domain {status['peer']}" if status["site"] in _NETWORK_SITES
-                    else f"local rank {status['peer']}")
-            raise HybridEPTimeoutError(
-                f"rank {self.topo.rank}: GPU wait at the {site} for {peer} "
-                f"(slot {status['slot']}) timed out after {self.env.timeout_s:g} s: expected "
-                f"{status['expected']}, saw {status['seen']}. A peer died, hangs, or called a "
-                "different operation; this buffer cannot be used any more "
-                "(HYBRID_EP_TIMEOUT_S sets the limit)")
+        if status["code"] == 0:
+            return
+        site = _WAIT_SITES.get(status["site"], f"site {status['site']}")
+        network = status["site"] in _NETWORK_SITES
+        R = self.topo.ranks_per_domain
+        if status["code"] == _STATUS_MISMATCH:
+            # The peer is the rank whose stamp differed (a local rank, or the peer of a domain).
+            peer = (status["peer"] * R + self.topo.local_rank if network
+                    else self.topo.node_rank * R + status["peer"])
+            mine, theirs = (CallStamp.unpack(status["expected"]),
+                            CallStamp.unpack(status["seen"]))
+            raise HybridEPMismatchError(
+                f"rank {self.topo.rank}: ranks disagree on the call (every rank must make the "
+                f"same call), found at the {site}: this rank: {mine.describe()}; rank {peer}: "
+                f"{theirs.describe()} ({'; '.join(differences(mine, theirs))}). The call did "
+                "not move data; this buffer cannot be used any more")
+        peer = (f"rank {status['peer'] * R + self.topo.local_rank} (the peer in domain "
+                f"{status['peer']})" if network
+                else f"rank {self.topo.node_rank * R + status['peer']} (local rank "
+                     f"{status['peer']})")
+        raise HybridEPTimeoutError(
+            f"rank {self.topo.rank}: {self._call_at(status['site'])}: GPU wait at the {site} "
+            f"for {peer} (slot {status['slot']}) timed out after {self.env.timeout_s:g} s: "
+            f"expected {status['expected']}, saw {status['seen']}. The peer died, hangs, raised "
+            "before the call, or called a different operation; this buffer cannot be used any "
+            "more (HYBRID_EP_TIMEOUT_S sets the limit)")
 
     def _row_bytes(self, hidden: torch.Tensor) -> int:
         row_bytes = hidden.shape[1] * hidden.element_size()
@@ -263,6 +307,7 @@ class CudaEngine:
         layouts, and the caller grows and redoes the call)."""
         self._summary_ready.synchronize()
         self.check_status()
+        del self._calls[:-1]  # every call before this one is done
         dispatched, needed, own_begin, own_end = self.runtime.summary()
         if needed > self.config.max_num_of_tokens_per_rank:
             raise NeedsGrowth(int(needed))
@@ -493,7 +538,7 @@ class CudaEngine:
             for rows_of_expert in padded:  # each expert's padded rows that fit the output
                 clipped.append(max(0, min(rows_of_expert, num_permuted_tokens - offset)))
                 offset += rows_of_expert
-            tokens_per_expert = torch.tensor(clipped, dtype=torch.int64)
+            tokens_per_expert = torch.tensor(clipped, dtype=torch.int64, device="cpu")
         return PermuteLayout(dense_to_expert_map=d2e, raw_tokens_per_expert=raw,
                              padded_tokens_per_expert=tokens_per_expert,
                              num_permuted_tokens=num_permuted_tokens, overflow=overflow,

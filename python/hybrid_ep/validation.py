@@ -5,7 +5,12 @@ Everything here runs before any communication, so a bad input raises on the rank
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+# Warnings given once per process.
+_warned = {"scaling_factor": False}
 
 BF16_TYPES = (torch.bfloat16,)
 FP8_TYPES = tuple(
@@ -63,6 +68,10 @@ def normalize_pad_multiple(value) -> int:
     return max(value, 1)
 
 
+def is_fp8(hidden: torch.Tensor) -> bool:
+    return hidden.dtype in FP8_TYPES
+
+
 def check_hidden(hidden, *, allow_fp8: bool, name: str = "hidden") -> bool:
     """Returns True for FP8 rows."""
     dtypes = BF16_TYPES + FP8_TYPES if allow_fp8 else BF16_TYPES
@@ -79,9 +88,12 @@ def check_hidden(hidden, *, allow_fp8: bool, name: str = "hidden") -> bool:
 
 def check_scaling_factor(scaling_factor, hidden: torch.Tensor, is_fp8: bool):
     if not is_fp8:
-        if scaling_factor is not None:
-            raise ValueError(f"scaling_factor: given ({describe(scaling_factor)}) but hidden is "
-                             f"{hidden.dtype}; scaling factors belong to FP8 hidden only")
+        if scaling_factor is not None and not _warned["scaling_factor"]:
+            # The original ignores it for BF16 tokens, and clients pass it unconditionally.
+            _warned["scaling_factor"] = True
+            warnings.warn(f"scaling_factor: given ({describe(scaling_factor)}) with {hidden.dtype} "
+                          "hidden, which has no scaling factors; ignored (warned once)",
+                          UserWarning, stacklevel=4)
         return None
     if scaling_factor is None:
         raise ValueError(f"scaling_factor: required for FP8 hidden ({describe(hidden)}); expected "

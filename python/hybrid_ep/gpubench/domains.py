@@ -92,10 +92,11 @@ def _step(cfg: DomainBenchConfig, buf, tokens: dict, step: int, rank: int, timer
 def _verify(cfg: DomainBenchConfig, out: dict, tokens: dict, rank: int, group) -> list[str]:
     dev = tokens["device"]
     everyone = []
-    maps = [torch.empty(cfg.tokens, cfg.experts_per_rank * cfg.ranks, dtype=torch.uint8)
+    maps = [torch.empty(cfg.tokens, cfg.experts_per_rank * cfg.ranks, dtype=torch.uint8,
+                        device="cpu")
             for _ in range(cfg.ranks)]
     dist.all_gather(maps, out["routing_map"].to(torch.uint8).cpu(), group=group)
-    probs = [torch.empty(cfg.tokens, cfg.experts_per_rank * cfg.ranks) for _ in range(cfg.ranks)]
+    probs = [torch.empty(cfg.tokens, cfg.experts_per_rank * cfg.ranks, device="cpu") for _ in range(cfg.ranks)]
     dist.all_gather(probs, out["probs"].cpu(), group=group)
     for source in range(cfg.ranks):
         inputs = tokens if source == rank else make_tokens(cfg.inputs(), source, dev)

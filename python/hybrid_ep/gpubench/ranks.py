@@ -93,10 +93,10 @@ class _Rank:
     # -- verification against the oracle, on the GPU --
     def verify(self, out) -> list[str]:
         cfg, spec, dev = self.cfg, self.spec, self.device
-        maps = [torch.empty(cfg.tokens, self.experts_total, dtype=torch.uint8)
+        maps = [torch.empty(cfg.tokens, self.experts_total, dtype=torch.uint8, device="cpu")
                 for _ in range(spec.ranks)]
         dist.all_gather(maps, out["routing_map"].to(torch.uint8).cpu(), group=self.group)
-        probs = [torch.empty(cfg.tokens, self.experts_total) for _ in range(spec.ranks)]
+        probs = [torch.empty(cfg.tokens, self.experts_total, device="cpu") for _ in range(spec.ranks)]
         dist.all_gather(probs, out["probs"].cpu(), group=self.group)
         everyone = []
         for source in range(spec.ranks):

@@ -24,7 +24,7 @@ def common_start(group) -> float:
     (CLOCK_MONOTONIC on Linux) is one clock; a barrier alone let each rank's timer start when
     it left the barrier, and a rank leaving first counted its wait for the last one's launch
     in its call's time."""
-    now = torch.tensor([time.perf_counter()], dtype=torch.float64)
+    now = torch.tensor([time.perf_counter()], dtype=torch.float64, device="cpu")
     dist.all_reduce(now, op=dist.ReduceOp.MAX, group=group)
     start = float(now.item()) + START_MARGIN_S
     while time.perf_counter() < start:
@@ -60,7 +60,7 @@ def gated_call(fn, group, one_gpu: bool):
 
     C = native.module()
     stream = torch.cuda.current_stream().cuda_stream
-    now = torch.tensor([C.gpu_time_ns(stream)], dtype=torch.int64)  # after the stream's work
+    now = torch.tensor([C.gpu_time_ns(stream)], dtype=torch.int64, device="cpu")  # after the stream's work
     dist.all_reduce(now, op=dist.ReduceOp.MAX, group=group)
     C.start_gate(int(now.item()) + int(START_MARGIN_S * 1e9), stream)
     result = fn()

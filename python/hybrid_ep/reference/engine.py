@@ -8,19 +8,39 @@ from __future__ import annotations
 
 import torch
 
+from ..call_stamp import CallStamp, mismatch_message
+from ..errors import HybridEPMismatchError
 from ..topology import Topology
 from . import layout as layouts
 from . import movement
-from .comm import all_gather_ints, all_gather_rows
+from .comm import CallGroup, all_gather_rows
 
 
 class ReferenceEngine:
     name = "reference"
 
-    def __init__(self, group, topo: Topology, experts_per_rank: int):
-        self.group = group
+    def __init__(self, group, topo: Topology, experts_per_rank: int, rendezvous,
+                 timeout_s: float = 30.0):
+        # Every collective of a call is bounded by HYBRID_EP_TIMEOUT_S (comm.CallGroup).
+        self.group = CallGroup(group, timeout_s)
         self.topo = topo
         self.experts = experts_per_rank
+        self.rendezvous = rendezvous
+        self._largest_tokens = None  # of the call under way, from its agreement
+
+    # -- the agreement every call starts with --------------------------------------------------
+    def agree(self, stamp: CallStamp, num_tokens: int) -> None:
+        """The call's first exchange (bounded, rendezvous.py): every rank's stamp and token
+        count. Raises HybridEPMismatchError on every rank when the stamps differ, before any
+        data moves; the largest token count sizes the call (growth)."""
+        self.group.op = stamp.op
+        entries = self.rendezvous.gather(stamp.op, (stamp.pack(), num_tokens))
+        stamps = {r: CallStamp.unpack(packed) for r, (packed, _) in enumerate(entries)}
+        message = mismatch_message(self.topo.rank, stamps)
+        if message is not None:
+            raise HybridEPMismatchError(message + "\n  (no data moved; the buffer is still "
+                                        "usable)")
+        self._largest_tokens = max(tokens for _, tokens in entries)
 
     # -- collectives of a call -------------------------------------------------------------
     def preprocess(self, routing_map: torch.Tensor, tokens: int, blocking: bool = True,
@@ -31,7 +51,9 @@ class ReferenceEngine:
         Returns (layout, gathered routing, largest token count of any rank); when that count
         exceeds ``tokens`` the caller grows the buffer and calls again.
         """
-        needed = int(all_gather_ints([routing_map.shape[0]], self.group).max())
+        if self._largest_tokens is None:
+            raise RuntimeError("internal: preprocess before the call's agreement")
+        needed = self._largest_tokens
         if needed > tokens:
             return None, None, needed
         gathered = all_gather_rows(routing_map.cpu(), tokens, self.group)

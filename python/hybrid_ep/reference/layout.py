@@ -46,12 +46,13 @@ def dispatch_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: int
     row_in_dest = torch.where(flat.bool(), flat.cumsum(0, dtype=torch.int32) - 1, -1)
     row_in_dest = row_in_dest.view(world, tokens, world)
 
-    peers = torch.arange(nodes) * ranks + my_local
+    dev = routing.device
+    peers = torch.arange(nodes, device=dev) * ranks + my_local
     my_node_ranks = slice(my_node * ranks, (my_node + 1) * ranks)
     sparse_to_dense = row_in_dest[peers][:, :, my_node_ranks].reshape(nodes * tokens, ranks)
 
     to_node = to_rank.view(world, tokens, nodes, ranks).any(-1)  # [W, T, N]
-    rdma_to_attn = torch.zeros(ceil_div(tokens, 16) * 16, nodes, dtype=torch.bool)
+    rdma_to_attn = torch.zeros(ceil_div(tokens, 16) * 16, nodes, dtype=torch.bool, device=dev)
     rdma_to_attn[:tokens] = to_node[peers][:, :, my_node].transpose(0, 1)
     other_nodes = [n for n in range(nodes) if n != my_node]
     attn_to_rdma = to_node[me][:, other_nodes].contiguous()
@@ -59,14 +60,16 @@ def dispatch_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: int
     mine = to_rank[:, :, me].reshape(-1)
     dispatched = int(mine.sum())
     local_experts = routing[:, :, me * experts_per_rank:(me + 1) * experts_per_rank]
-    local_expert_routing = torch.zeros(world * tokens, experts_per_rank, dtype=torch.bool)
+    local_expert_routing = torch.zeros(world * tokens, experts_per_rank, dtype=torch.bool,
+                                       device=dev)
     local_expert_routing[:dispatched] = local_experts.reshape(world * tokens, -1)[mine]
 
     return DispatchLayout(
         sparse_to_dense_map=sparse_to_dense.contiguous(),
         rdma_to_attn_map=rdma_to_attn,
         attn_to_rdma_map=attn_to_rdma,
-        num_dispatched_tokens_tensor=torch.tensor([dispatched], dtype=torch.int32),
+        num_dispatched_tokens_tensor=torch.tensor([dispatched], dtype=torch.int32,
+                                                  device=dev),
         local_expert_routing_map=local_expert_routing,
         num_dispatched_tokens=dispatched,
     )
@@ -79,10 +82,10 @@ def dense_chunk_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: 
     me = topo.rank
     mine = routing[:, :, me * experts_per_rank:(me + 1) * experts_per_rank].any(-1)  # [W, T]
     chunks = ceil_div(tokens, chunk)
-    padded = torch.zeros(world, chunks * chunk, dtype=torch.int32)
+    padded = torch.zeros(world, chunks * chunk, dtype=torch.int32, device=routing.device)
     padded[:, :tokens] = mine.to(torch.int32)
     per_chunk = padded.view(world * chunks, chunk).sum(-1)
-    starts = torch.zeros(world * chunks + 1, dtype=torch.int32)
+    starts = torch.zeros(world * chunks + 1, dtype=torch.int32, device=routing.device)
     starts[1:] = per_chunk.cumsum(0)
     return starts
 
@@ -118,7 +121,8 @@ def permute_layout(local_expert_routing: torch.Tensor, num_dispatched: int, pad_
     rank_in_expert = selected.cumsum(0) - 1
     target = offsets.unsqueeze(0) + rank_in_expert
     keep = selected.bool() & (target < out_rows)
-    dense_to_expert = torch.full((rows, experts), -1, dtype=torch.int32)
+    dense_to_expert = torch.full((rows, experts), -1, dtype=torch.int32,
+                                 device=local_expert_routing.device)
     dense_to_expert[:num_dispatched] = torch.where(keep, target, -1).to(torch.int32)
     overflow = bool((selected.bool() & (target >= out_rows)).any())
     present = (out_rows - offsets).clamp(min=0)
