@@ -52,17 +52,29 @@ def spec_id(case: dict) -> str:
     return "-".join(parts)
 
 
-def report(record_property, results: list, label: str = "") -> dict:
-    """Sum the per-rank combine tallies into the junit properties (and stdout)."""
-    combines = sum(r.get("combines", 0) for r in results)
+def report(record_property, results: list, label: str = "", *, dispatches: int = 1,
+           combines: int = 1) -> dict:
+    """Sum the per-rank tallies into the junit properties (and stdout), after asserting that
+    every rank checked at least ``dispatches`` dispatch and ``combines`` combine outputs against
+    the reference: a worker that checked nothing must not pass."""
+    for rank, r in enumerate(results):
+        assert isinstance(r, dict), f"rank {rank} returned {r!r}, not its tallies"
+        assert r.get("dispatches", 0) >= dispatches, \
+            f"{label}: rank {rank} checked {r.get('dispatches', 0)} dispatches, expected at " \
+            f"least {dispatches}: {r}"
+        assert r.get("combines", 0) >= combines, \
+            f"{label}: rank {rank} checked {r.get('combines', 0)} combines, expected at least " \
+            f"{combines}: {r}"
+    combines_done = sum(r.get("combines", 0) for r in results)
     bitwise = sum(r.get("combine_bitwise", 0) for r in results)
     diff = max((r.get("max_abs_diff", 0.0) for r in results), default=0.0)
-    dispatches = sum(r.get("dispatches", 0) for r in results)
-    record_property("dispatches_checked", dispatches)
-    record_property("combines_checked", combines)
+    dispatches_done = sum(r.get("dispatches", 0) for r in results)
+    record_property("dispatches_checked", dispatches_done)
+    record_property("combines_checked", combines_done)
     record_property("combines_bitwise", bitwise)
     record_property("combine_max_abs_diff", diff)
-    record_property("combine_all_bitwise", bitwise == combines)
-    print(f"{label} dispatches checked {dispatches}; combines bitwise {bitwise}/{combines} "
-          f"(max |diff| {diff:g})")
-    return {"combines": combines, "bitwise": bitwise, "max_abs_diff": diff, "dispatches": dispatches}
+    record_property("combine_all_bitwise", bitwise == combines_done)
+    print(f"{label} dispatches checked {dispatches_done}; combines bitwise {bitwise}/"
+          f"{combines_done} (max |diff| {diff:g})")
+    return {"combines": combines_done, "bitwise": bitwise, "max_abs_diff": diff,
+            "dispatches": dispatches_done}

@@ -125,7 +125,7 @@ def test_graph_replay_domains(gpu_pools, record_property, W, placement, R):
     results = gpu_pools.run(W, placement, "graph_replay", module="gpu_permute_cases",
                             timeout_s=240, spec=spec, replays=50)
     assert all(r["replays"] == 50 for r in results), results
-    report(record_property, results, label=f"graph replay {W // R}x{R}")
+    report(record_property, results, label=f"graph replay {W // R}x{R}", dispatches=0)
 
 
 @pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2")])
@@ -135,7 +135,7 @@ def test_autograd_round_trip_domains(gpu_pools, record_property, W, placement, R
     spec.update(pad=16, R=R)
     results = gpu_pools.run(W, placement, "autograd_round_trip", module="gpu_permute_cases",
                             spec=spec)
-    report(record_property, results, label=f"autograd {W // R}x{R}")
+    report(record_property, results, label=f"autograd {W // R}x{R}", dispatches=0)
 
 
 @pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2")])

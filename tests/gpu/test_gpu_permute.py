@@ -74,7 +74,8 @@ def test_graph_replay(gpu_pools, record_property, W, placement, fused, form):
     results = gpu_pools.run(W, placement, "graph_replay", module=MODULE, timeout_s=240,
                             spec=spec, replays=50)
     assert all(r["replays"] == 50 for r in results), results
-    report(record_property, results, label=f"graph replay W={W} fused={fused} {form}")
+    report(record_property, results, label=f"graph replay W={W} fused={fused} {form}",
+           dispatches=0)
 
 
 @pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
@@ -85,4 +86,4 @@ def test_autograd_round_trip(gpu_pools, record_property, W, placement):
     spec = make_spec(W, H=512, form="map", k=2, E=4, max_tok=64)
     spec["pad"] = 16
     results = gpu_pools.run(W, placement, "autograd_round_trip", module=MODULE, spec=spec)
-    report(record_property, results, label=f"autograd W={W}")
+    report(record_property, results, label=f"autograd W={W}", dispatches=0)

@@ -66,4 +66,5 @@ def test_handle_burst(gpu_pools, record_property, W, placement, op):
     results = gpu_pools.run(W, placement, "handle_burst", module="gpu_reuse_cases", spec=spec,
                             calls=HANDLE_BURST_CALLS)
     assert [r["rows"] > 0 for r in results] == [r == W - 1 for r in range(W)], results
-    report(record_property, results, label=f"handle burst W={W} {placement} {op}")
+    report(record_property, results, label=f"handle burst W={W} {placement} {op}",
+           combines=0)
