@@ -47,3 +47,44 @@ def test_console_script_bench(tmp_path):
     script = shutil.which("hybrid-ep")
     assert script, "hybrid-ep is installed but its console script is not on PATH"
     _run([script, "bench", *SMALL], tmp_path)
+
+
+def _fails(cmd, tmp_path, *expect):
+    proc = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ), capture_output=True,
+                          text=True, timeout=300, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, f"{' '.join(cmd)} exited 0:\n{text[-3000:]}"
+    assert "Traceback" not in text, text[-3000:]
+    for word in expect:
+        assert word in text, f"{word!r} not in:\n{text[-3000:]}"
+    return text
+
+
+@pytest.mark.parametrize("flag,value", [("--warmup", "-1"), ("--iters", "0"), ("--ranks", "x"),
+                                        ("--tokens", "-5")])
+def test_bench_rejects_bad_counts_without_a_traceback(tmp_path, flag, value):
+    _fails([sys.executable, "-m", "hybrid_ep", "bench", flag, value], tmp_path, flag)
+
+
+def test_bench_json_path_is_checked_before_the_run(tmp_path):
+    import time
+
+    start = time.monotonic()
+    _fails([sys.executable, "-m", "hybrid_ep", "bench", *SMALL, "--json",
+            str(tmp_path / "missing" / "out.json")], tmp_path, "--json", "missing")
+    assert time.monotonic() - start < 60
+
+
+def test_info_shows_values_in_effect_and_flags_malformed_ones(tmp_path):
+    env = dict(os.environ, NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API="128", HYBRID_EP_TIMEOUT_S="abc",
+               HYBRID_EP_COMBINE_PIECES="3")
+    proc = subprocess.run([sys.executable, "-m", "hybrid_ep", "info"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API = 128 (set)" in ln for ln in lines)
+    assert any("NUM_OF_TOKENS_PER_CHUNK_COMBINE_API = 64 (default)" in ln for ln in lines)
+    for name in ("HYBRID_EP_TIMEOUT_S", "HYBRID_EP_COMBINE_PIECES"):
+        assert any(ln.strip().startswith(name) and "MALFORMED" in ln for ln in lines), \
+            proc.stdout
+    assert "2 malformed" in proc.stdout

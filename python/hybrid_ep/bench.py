@@ -13,6 +13,7 @@ import platform
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -117,7 +118,13 @@ def _run_rank(rank: int, cfg: BenchConfig, device: str) -> list[Row]:
     ops = ["dispatch-bf16"] + (["dispatch-fp8"] if cfg.fp8 else []) + ["combine-bf16"]
     times = {op: [] for op in ops}
     rows_seen = []
+    # A line per step on a terminal: a long run shows it is alive (nothing in logs).
+    progress = rank == 0 and sys.stderr.isatty()
     for step in range(cfg.warmup + cfg.iters):
+        if progress:
+            kind = "warm-up" if step < cfg.warmup else "timed"
+            print(f"hybrid-ep bench: step {step + 1}/{cfg.warmup + cfg.iters} ({kind})",
+                  file=sys.stderr, flush=True)
         routing_map, probs = random_routing(cfg.tokens, experts_total, cfg.topk, generator)
         hidden = torch.randn(cfg.tokens, cfg.hidden, generator=generator, device="cpu").to(torch.bfloat16)
         everyone = oracle.gather_inputs(group, hidden=hidden, routing_map=routing_map,

@@ -90,7 +90,7 @@ def _bench_domains(args) -> int:
              if getattr(args, name) is not None}
     cfg = domains.DomainBenchConfig(
         ranks=args.ranks if args.ranks is not None else 2 * args.nodes, nodes=args.nodes,
-        channels=channels, seed=args.seed, label=args.label or "",
+        channels=channels, seed=args.seed, label=args.label or "", mps=not args.no_mps,
         out_dir=args.out_dir if args.out_dir is not None else base.out_dir, **given)
     if cfg.ranks % cfg.nodes != 0:
         raise SystemExit(f"--nodes {cfg.nodes} must divide --ranks {cfg.ranks}")
@@ -128,6 +128,7 @@ def _bench_gpu(args) -> int:
         fp8=not args.no_fp8, permute=not args.no_permute, seed=args.seed,
         label=args.label or "",
         mps_partition=not args.no_mps_partition, permute_blocks=args.permute_blocks,
+        mps=not args.no_mps,
         kernel_traces=args.kernel_traces,
         out_dir=args.out_dir if args.out_dir is not None else "hybrid-ep-bench", **given)
     for name in ("hidden", "tokens", "experts_per_rank", "topk", "iters"):
@@ -233,6 +234,10 @@ def main(argv=None) -> int:
                    help="permute blocks per rank of the fused dispatch_with_permute (default: "
                         "an even split of the GPU's SMs among the ranks on it, less the dispatch "
                         "SMs; 0 skips the fused op)")
+    g.add_argument("--no-mps", action="store_true",
+                   help="ranks sharing a GPU run without MPS (default: a running MPS daemon, "
+                        "else a private one started and stopped for the run; without MPS the "
+                        "tables say the numbers are not valid)")
     g.add_argument("--no-mps-partition", action="store_true",
                    help="ranks sharing a GPU get no MPS share of SMs (default: their SMs "
                         "per rank and permute blocks, an even split of the GPU unless "

@@ -59,6 +59,9 @@ class GpuBenchConfig:
     # kernels (copy-out, staging) cannot occupy the SMs another rank's persistent kernel
     # needs, as separate GPUs would not either.
     mps_partition: bool = True
+    # Ranks sharing a GPU run under MPS: a running daemon, else a private one the bench starts
+    # and stops (gpubench/mps.py); False runs them without (time-sliced, numbers not valid).
+    mps: bool = True
     out_dir: str | None = None
     # Each rank also writes the GPU kernels its profiler saw (start, duration, name) to
     # out_dir/kernels-<regime>-<ranks>r-rank<rank>.json, for benchmarks/rank_skew.py.

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .. import oracle
+from . import mps
 from .config import GpuBenchConfig, make_routing, make_tokens
 from .spawn import run_ranks
 from .timing import time_call
@@ -50,6 +51,7 @@ class DomainBenchConfig:
     seed: int = 0
     out_dir: str = "hybrid-ep-bench"
     label: str = ""
+    mps: bool = True  # as GpuBenchConfig.mps
 
     def inputs(self) -> GpuBenchConfig:
         """The single-domain bench's input generator, with this configuration's sizes."""
@@ -185,9 +187,12 @@ def summarize(cfg: DomainBenchConfig, results: list[dict]) -> list[dict]:
     return rows
 
 
-def format_table(cfg: DomainBenchConfig, rows: list[dict], device: str) -> str:
+def format_table(cfg: DomainBenchConfig, rows: list[dict], device: str,
+                 mps_state: str = mps.RUNNING) -> str:
     lines = [(f"## {cfg.nodes} domains x {cfg.ranks // cfg.nodes} ranks on {device}"
-             f"{' (' + cfg.label + ')' if cfg.label else ''}"), "",
+             f"{' (' + cfg.label + ')' if cfg.label else ''}, MPS {mps_state}"), "",
+             *([f"**NOT VALID: several ranks share a GPU and MPS {mps_state}.**", ""]
+               if not mps.valid(mps_state) else []),
              (f"hidden {cfg.hidden}, {cfg.tokens} tokens per rank, top-{cfg.topk} of "
              f"{cfg.experts_per_rank} experts per rank, {cfg.sms} SMs per rank, "
              f"{cfg.iters} timed steps (median over ranks and steps); network columns are per "
@@ -205,7 +210,14 @@ def format_table(cfg: DomainBenchConfig, rows: list[dict], device: str) -> str:
 def run(cfg: DomainBenchConfig, json_path: str | None = None) -> str:
     if cfg.ranks % cfg.nodes != 0 or cfg.nodes < 2:
         raise ValueError(f"--nodes {cfg.nodes} must be >= 2 and divide --ranks {cfg.ranks}")
+    shared = cfg.ranks > torch.cuda.device_count()
+    with mps.mps_for_ranks(shared, cfg.mps) as state:
+        return _run(cfg, json_path, state)
+
+
+def _run(cfg: DomainBenchConfig, json_path: str | None, mps_state: str) -> str:
     device = torch.cuda.get_device_name(0)
+    print(f"hybrid-ep bench: MPS {mps_state}", flush=True)
     everything, tables = [], []
     for channels in cfg.channels:
         results = run_ranks(cfg.ranks, _measure, (cfg, channels),
@@ -213,7 +225,7 @@ def run(cfg: DomainBenchConfig, json_path: str | None = None) -> str:
         rows = summarize(cfg, results)
         everything.append({"channels": channels, "rows": rows, "ranks": results})
         tables.extend(rows)
-    text = format_table(cfg, tables, device)
+    text = format_table(cfg, tables, device, mps_state)
     os.makedirs(cfg.out_dir, exist_ok=True)
     suffix = f"-{cfg.label}" if cfg.label else ""
     with open(os.path.join(cfg.out_dir, f"bench-domains-{cfg.nodes}x{cfg.ranks // cfg.nodes}"

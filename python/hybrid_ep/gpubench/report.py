@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 import torch
 
+from . import mps
 from .config import GpuBenchConfig
 from .ranks import run_spec, specs
 from .summary import summarize
@@ -22,8 +23,6 @@ def environment() -> dict:
     from ..bench import environment as base
 
     env = base()
-    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    env["mps"] = "running" if os.path.exists(os.path.join(pipe, "control")) else "not seen"
     env["time"] = datetime.datetime.now().isoformat(timespec="seconds")
     env["python"] = platform.python_version()
     return env
@@ -42,6 +41,8 @@ def format_regime(cfg: GpuBenchConfig, env: dict, regime: str, runs: list[dict])
     lines = [
         f"## hybrid-ep bench, {title}{label}",
         "",
+        *([f"**NOT VALID: several ranks share a GPU and MPS {env['mps']}.**", ""]
+          if not mps.valid(env["mps"]) else []),
         (f"{env['date']}, commit {env['commit']}, GPU {runs[0]['gpu']} ({runs[0]['sm_count']} "
          f"SMs), {env['host']}, torch {env['torch']}, MPS {env['mps']}"),
         (f"hidden {cfg.hidden}, {cfg.tokens} tokens/rank, top-{cfg.topk} uniform over "
@@ -124,11 +125,15 @@ def run(cfg: GpuBenchConfig, json_path: str | None = None) -> dict:
     if not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is visible")
     gpus = torch.cuda.device_count()
+    shared = any(s.ranks > gpus for s in specs(cfg))
+    with mps.mps_for_ranks(shared, cfg.mps) as state:
+        return _run(cfg, json_path, state)
+
+
+def _run(cfg: GpuBenchConfig, json_path: str | None, mps_state: str) -> dict:
     env = environment()
-    if any(s.ranks > gpus for s in specs(cfg)) and env["mps"] != "running":
-        print("hybrid-ep bench: WARNING: ranks share a GPU but no MPS control pipe was found "
-              f"(CUDA_MPS_PIPE_DIRECTORY={os.environ.get('CUDA_MPS_PIPE_DIRECTORY', 'unset')}); "
-              "without MPS cross-process waits crawl", flush=True)
+    env["mps"] = mps_state
+    print(f"hybrid-ep bench: MPS {mps_state}", flush=True)
     results = {"config": asdict(cfg), "env": env, "regimes": {}}
     for spec in specs(cfg):
         start = time.perf_counter()
