@@ -29,15 +29,10 @@ _STATUS_TIMEOUT, _STATUS_MISMATCH = 1, 2  # kernels/common/status.h
 _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag",
                4: "network dispatch chunk", 5: "network combine chunk", 6: "network barrier",
                7: "network routing all-gather", 8: "forwarded routing maps",
-               9: "unpermuted chunk", 10: "release of the previous dispatch's rows"}
+               9: "unpermuted chunk", 10: "release of the previous dispatch's rows",
+               11: "routing all-gather (every rank's stamp)"}
 _NETWORK_SITES = (4, 5, 6, 7)
-# Which operations wait at each site (a timeout names the oldest one still in flight).
-_PREPROCESS_OPS = ("dispatch", "dispatch_with_permute")
-_SITE_OPS = {2: _PREPROCESS_OPS, 3: _PREPROCESS_OPS, 4: _PREPROCESS_OPS, 5: ("combine",
-             "combine_with_unpermute"), 7: _PREPROCESS_OPS, 8: _PREPROCESS_OPS,
-             9: ("combine_with_unpermute",), 10: _PREPROCESS_OPS}
-# Calls remembered for the error message (the stamps of the latest calls).
-_INFLIGHT_CALLS = 64
+_GATHERED_STAMPS = 11  # its peer is a global rank
 # The current stream's handle without building a torch.cuda.Stream: about 0.2 us where
 # torch.cuda.current_stream() takes about 5, and the fused calls ask four times.
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -70,7 +65,6 @@ class CudaEngine:
         self.topo = topo
         self.env = env
         self.rendezvous = rendezvous  # bounded host exchanges (rendezvous.py)
-        self._calls: list[CallStamp] = []  # stamps of the calls since the status was last clean
         self.use_mnnvl = use_mnnvl
         self.experts = config.num_local_experts
         self.device = torch.device("cuda", torch.cuda.current_device())
@@ -203,17 +197,6 @@ class CudaEngine:
         barrier) compare with the peers' before data moves (no host exchange)."""
         self.check_status()
         self.runtime.begin_call(stamp.pack())
-        self._calls.append(stamp)
-        if len(self._calls) > _INFLIGHT_CALLS:
-            del self._calls[0]
-
-    def _call_at(self, site: int) -> str:
-        """The oldest call since the last clean synchronisation that waits at ``site``."""
-        ops = _SITE_OPS.get(site)
-        for stamp in self._calls:
-            if ops is None or stamp.op in ops:
-                return stamp.op
-        return "an earlier call"
 
     def check_status(self) -> None:
         status = self.runtime.status()
@@ -224,7 +207,8 @@ class CudaEngine:
         R = self.topo.ranks_per_domain
         if status["code"] == _STATUS_MISMATCH:
             # The peer is the rank whose stamp differed (a local rank, or the peer of a domain).
-            peer = (status["peer"] * R + self.topo.local_rank if network
+            peer = (status["peer"] if status["site"] == _GATHERED_STAMPS
+                    else status["peer"] * R + self.topo.local_rank if network
                     else self.topo.node_rank * R + status["peer"])
             mine, theirs = (CallStamp.unpack(status["expected"]),
                             CallStamp.unpack(status["seen"]))
@@ -237,8 +221,10 @@ class CudaEngine:
                 f"{status['peer']})" if network
                 else f"rank {self.topo.node_rank * R + status['peer']} (local rank "
                      f"{status['peer']})")
+        # The kernel that failed recorded the stamp of its call.
+        op = CallStamp.unpack(status["stamp"]).op if status["stamp"] else "an internal step"
         raise HybridEPTimeoutError(
-            f"rank {self.topo.rank}: {self._call_at(status['site'])}: GPU wait at the {site} "
+            f"rank {self.topo.rank}: {op}: GPU wait at the {site} "
             f"for {peer} (slot {status['slot']}) timed out after {self.env.timeout_s:g} s: "
             f"expected {status['expected']}, saw {status['seen']}. The peer died, hangs, raised "
             "before the call, or called a different operation; this buffer cannot be used any "
@@ -307,7 +293,6 @@ class CudaEngine:
         layouts, and the caller grows and redoes the call)."""
         self._summary_ready.synchronize()
         self.check_status()
-        del self._calls[:-1]  # every call before this one is done
         dispatched, needed, own_begin, own_end = self.runtime.summary()
         if needed > self.config.max_num_of_tokens_per_rank:
             raise NeedsGrowth(int(needed))

@@ -29,6 +29,7 @@ py::dict status_dict(const DeviceStatus& s) {
   d["slot"] = s.slot;
   d["expected"] = s.expected;
   d["seen"] = s.seen;
+  d["stamp"] = s.stamp;
   return d;
 }
 

@@ -15,7 +15,8 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   gather.routing = l.routing;
   gather.token_counts = l.token_counts;
   gather.call_stamps = l.call_stamps;
-  gather.allgather_flags = l.allgather_flags;
+  gather.barrier_flags = l.barrier_flags;
+  gather.barrier_stamps = l.barrier_stamps;
   launch_allgather(gather, stream);
   if (c.nodes > 1) {
     AllgatherNetworkParams net{};
@@ -26,7 +27,8 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
     net.routing = l.routing;
     net.token_counts = l.token_counts;
     net.call_stamps = l.call_stamps;
-    net.net_allgather_flags = l.net_allgather_flags;
+    net.net_barrier_flags = l.net_barrier_flags;
+    net.net_barrier_stamps = l.net_barrier_stamps;
     net.forward_flags = l.forward_flags;
     launch_allgather_network(net, stream);
   }

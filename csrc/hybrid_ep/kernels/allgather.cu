@@ -1,8 +1,9 @@
-// Routing all-gather: this rank's routing map (zero-padded to T rows) and token count into the
-// routing region of every rank of the domain. Block j writes to local rank j, signals it, then
-// waits for local rank j's rows to arrive here, so the kernel ends with the gather complete.
-// With several domains a second kernel (one block) then puts this rank's map to the peer of
-// every other domain, waits for theirs, and forwards them to the rest of the domain.
+// Routing all-gather: this rank's routing map (zero-padded to T rows), token count and call
+// stamp into the routing region of every rank of the domain. Block j writes to local rank j,
+// signals it, then waits for local rank j's rows to arrive here, so the kernel ends with the
+// gather complete. With several domains a second kernel (one block) then puts this rank's map
+// to the peer of every other domain, waits for theirs, and forwards them to the rest of the
+// domain. The signals are the domain barrier's (barrier.cu says why), each with the stamp.
 #include <algorithm>
 
 #include "hybrid_ep/kernels/common/domains.cuh"
@@ -43,11 +44,18 @@ __global__ void allgather_kernel(AllgatherParams p) {
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    signal_flag(reinterpret_cast<uint64_t*>(d.peer(peer) + p.allgather_flags +
+    const size_t mine = p.barrier_flags + sizeof(uint64_t) * peer;
+    const uint64_t exchange = *d.expected_for(mine) + 1;
+    *reinterpret_cast<uint64_t*>(
+        d.peer(peer) + stamp_slot(p.barrier_stamps, d.ranks, exchange, d.local_rank)) = d.stamp;
+    signal_flag(reinterpret_cast<uint64_t*>(d.peer(peer) + p.barrier_flags +
                                             sizeof(uint64_t) * d.local_rank));
-    const size_t mine = p.allgather_flags + sizeof(uint64_t) * peer;
-    wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine),
-              d.timeout_ns, d.status, d.abort, WaitSite::kAllgather, peer, 0);
+    if (wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine), d,
+                  WaitSite::kAllgather, peer, 0)) {
+      const uint64_t theirs = *reinterpret_cast<const volatile uint64_t*>(
+          d.self() + stamp_slot(p.barrier_stamps, d.ranks, exchange, peer));
+      stamps_agree(d, theirs, WaitSite::kAllgather, peer);
+    }
   }
 }
 
@@ -69,24 +77,39 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
   const size_t map_bytes = size_t(p.experts_total) * p.max_tokens;
   const int me = d.node_rank * d.ranks + d.local_rank;
   uint8_t* self = d.self();
-  // 1. This rank's map and count (the first kernel put them into its own region) to each peer.
+  // 1. This rank's map, count and stamp (the first kernel put them into its own region) to
+  // each peer; the stamp also into the barrier's slot, as the barrier's network signal carries.
   for (int k = warp; k < d.nodes - 1; k += warps) {
     const int n = other_domain(k, d.node_rank);
+    const size_t slot =
+        stamp_slot(p.net_barrier_stamps, d.nodes,
+                   *d.expected_for(p.net_barrier_flags + sizeof(uint64_t) * n) + 1, d.node_rank);
+    if (lane == 0) *reinterpret_cast<uint64_t*>(self + slot) = d.stamp;
+    __threadfence_system();
+    __syncwarp();
     TransportDevice::put(p.transport, 0, n, p.routing + map_bytes * me,
                          self + p.routing + map_bytes * me, map_bytes, lane);
     TransportDevice::put(p.transport, 0, n, p.token_counts + sizeof(uint64_t) * me,
                          self + p.token_counts + sizeof(uint64_t) * me, sizeof(uint64_t), lane);
     TransportDevice::put(p.transport, 0, n, p.call_stamps + sizeof(uint64_t) * me,
                          self + p.call_stamps + sizeof(uint64_t) * me, sizeof(uint64_t), lane);
-    TransportDevice::signal(p.transport, 0, n,
-                            p.net_allgather_flags + sizeof(uint64_t) * d.node_rank, 1, lane);
+    TransportDevice::put(p.transport, 0, n, slot, self + slot, sizeof(uint64_t), lane);
+    TransportDevice::signal(p.transport, 0, n, p.net_barrier_flags + sizeof(uint64_t) * d.node_rank,
+                            1, lane);
   }
   if (warp < d.nodes - 1) TransportDevice::flush(p.transport, 0, lane);
+  __syncthreads();  // every warp read the counters before the waits below advance them
   // 2. The peers' maps are here.
   if (int(threadIdx.x) < d.nodes && int(threadIdx.x) != d.node_rank) {
-    const size_t mine = p.net_allgather_flags + sizeof(uint64_t) * threadIdx.x;
-    wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d.timeout_ns,
-              d.status, d.abort, WaitSite::kNetworkAllgather, threadIdx.x, 0);
+    const int n = threadIdx.x;
+    const size_t mine = p.net_barrier_flags + sizeof(uint64_t) * n;
+    const uint64_t exchange = *d.expected_for(mine) + 1;
+    if (wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d,
+                  WaitSite::kNetworkAllgather, n, 0)) {
+      const uint64_t theirs = *reinterpret_cast<const volatile uint64_t*>(
+          self + stamp_slot(p.net_barrier_stamps, d.nodes, exchange, n));
+      stamps_agree(d, theirs, WaitSite::kNetworkAllgather, n);
+    }
   }
   __syncthreads();
   if (d.aborted()) return;
@@ -113,8 +136,8 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
     signal_flag(
         reinterpret_cast<uint64_t*>(d.peer(j) + p.forward_flags + sizeof(uint64_t) * d.local_rank));
     const size_t mine = p.forward_flags + sizeof(uint64_t) * j;
-    wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d.timeout_ns,
-              d.status, d.abort, WaitSite::kForward, j, 0);
+    wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d,
+              WaitSite::kForward, j, 0);
   }
 }
 

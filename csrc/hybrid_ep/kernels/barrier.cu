@@ -1,5 +1,8 @@
 // Domain barrier: every local rank bumps its slot in every peer, then waits for all slots.
 // Runs between operations so that no rank overwrites a peer's buffer that is still being read.
+// Each signal carries the call's stamp (hybrid_ep/call_stamp.py), compared after the wait. The
+// routing all-gather signals the same flags (allgather.cu), so that ranks of which some start
+// a call with the barrier and some with the all-gather meet and find the mismatch.
 // With several domains a second warp does the same with the peer of every other domain
 // through the transport (their puts land in this rank's receive tiles).
 // Inside one domain a dispatch needs no barrier: its peers wait for this rank's release of its
@@ -13,11 +16,6 @@
 namespace hybrid_ep {
 namespace {
 
-// Stamp slot `parity` of sender `index` in a [2][count] stamp region.
-__device__ __forceinline__ size_t stamp_slot(size_t region, int count, uint64_t parity, int index) {
-  return region + sizeof(uint64_t) * (size_t(parity & 1) * count + index);
-}
-
 // Thread `peer`: this rank's stamp and signal to local rank `peer`, then the wait for its
 // signal and the check of the stamp it carried.
 __device__ void local_barrier(const BarrierParams& p, int peer) {
@@ -30,13 +28,13 @@ __device__ void local_barrier(const BarrierParams& p, int peer) {
   *reinterpret_cast<uint64_t*>(to + stamp_slot(p.barrier_stamps, d.ranks, count, d.local_rank)) =
       d.stamp;
   signal_flag(reinterpret_cast<uint64_t*>(to + p.barrier_flags + sizeof(uint64_t) * d.local_rank));
-  if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine),
-                 d.timeout_ns, d.status, d.abort, WaitSite::kBarrier, peer, 0)) {
+  if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine), d,
+                 WaitSite::kBarrier, peer, 0)) {
     return;
   }
   const uint64_t theirs = *reinterpret_cast<const volatile uint64_t*>(
       d.self() + stamp_slot(p.barrier_stamps, d.ranks, count, peer));
-  stamps_agree(d.stamp, theirs, d.status, d.abort, WaitSite::kBarrier, peer);
+  stamps_agree(d, theirs, WaitSite::kBarrier, peer);
 }
 
 // One warp: this rank's stamp and a signal to the peer of every other domain, then lane n
@@ -62,13 +60,13 @@ __device__ void network_barrier(const BarrierParams& p, int lane) {
     if (n == d.node_rank) continue;
     const size_t mine = p.net_barrier_flags + sizeof(uint64_t) * n;
     const uint64_t count = *d.expected_for(mine) + 1;
-    if (!wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine),
-                   d.timeout_ns, d.status, d.abort, WaitSite::kNetworkBarrier, n, 0)) {
+    if (!wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d,
+                   WaitSite::kNetworkBarrier, n, 0)) {
       continue;
     }
     const uint64_t theirs = *reinterpret_cast<const volatile uint64_t*>(
         self + stamp_slot(p.net_barrier_stamps, d.nodes, count, n));
-    stamps_agree(d.stamp, theirs, d.status, d.abort, WaitSite::kNetworkBarrier, n);
+    stamps_agree(d, theirs, WaitSite::kNetworkBarrier, n);
   }
 }
 

@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kThreads) combine_network_kernel(CombineNetwor
     const int n = threadIdx.x;
     if (n < d.nodes && n != d.node_rank) {
       const size_t slot = p.combine_flags + sizeof(uint64_t) * (size_t(n) * p.max_chunks + c);
-      wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot),
-                d.timeout_ns, d.status, d.abort, WaitSite::kNetworkCombine, n, c);
+      wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
+                WaitSite::kNetworkCombine, n, c);
     }
     __syncthreads();  // after a timeout the sums are garbage; the buffer is unusable anyway
     const int first = min(c * p.chunk, p.num_tokens);

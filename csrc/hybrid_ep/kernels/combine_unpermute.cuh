@@ -70,7 +70,7 @@ __device__ bool wait_unpermuted(const CombineParams& p, int first, int last) {
       const int j = k / u.slices;
       const size_t slot = unpermute_flag(p, j, n, c, k % u.slices);
       ok = wait_until(reinterpret_cast<const uint64_t*>(d.self() + slot), *d.expected_for(slot) + 1,
-                      d.timeout_ns, d.status, d.abort, WaitSite::kUnpermuteChunk, j, v);
+                      d, WaitSite::kUnpermuteChunk, j, v);
     }
   }
   ptx::fence_proxy_async_global();  // the TMA loads that follow read what the flags published

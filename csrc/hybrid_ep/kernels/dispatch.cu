@@ -211,8 +211,8 @@ __device__ bool chunk_arrived(const DispatchParams& p, int node, int c) {
   const DomainView& d = p.domain;
   if (node == d.node_rank) return true;
   const size_t slot = p.network_flags + sizeof(uint64_t) * (size_t(node) * p.max_chunks + c);
-  return wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot),
-                   d.timeout_ns, d.status, d.abort, WaitSite::kNetworkFlag, node, c);
+  return wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
+                   WaitSite::kNetworkFlag, node, c);
 }
 
 // Loader warp: the ring producer (lane 0 issues, the warp stages the routes and finds the
@@ -464,9 +464,8 @@ __device__ void wait_incoming(const DispatchParams& p) {
     const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * p.dispatch_blocks;
     const size_t slot = p.dispatch_flags + sizeof(uint64_t) * (size_t(source) * per_rank +
                                                                size_t(node) * p.max_chunks + c);
-    if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot),
-                   d.timeout_ns, d.status, d.abort, WaitSite::kDispatchChunk, source,
-                   node * p.max_chunks + c)) {
+    if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
+                   WaitSite::kDispatchChunk, source, node * p.max_chunks + c)) {
       return;
     }
   }
@@ -493,8 +492,8 @@ __device__ bool receiver_free(const DispatchParams& p, int j) {
   if (j == d.local_rank) return true;  // this rank's own reads are ordered by its stream
   const uint64_t released =
       *reinterpret_cast<const volatile uint64_t*>(d.self() + p.receive_releases);
-  return wait_until(reinterpret_cast<const uint64_t*>(d.peer(j) + p.receive_releases), released,
-                    d.timeout_ns, d.status, d.abort, WaitSite::kReceiveRelease, j, 0);
+  return wait_until(reinterpret_cast<const uint64_t*>(d.peer(j) + p.receive_releases), released, d,
+                    WaitSite::kReceiveRelease, j, 0);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p) {

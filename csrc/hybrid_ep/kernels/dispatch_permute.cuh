@@ -127,9 +127,8 @@ __device__ __forceinline__ bool permute_chunk_arrived(const DispatchParams& p,
       p.dispatch_flags + sizeof(uint64_t) * (size_t(it.source_rank) * d.nodes * p.max_chunks +
                                              size_t(it.node) * p.max_chunks + it.chunk);
   const bool ok =
-      wait_until(reinterpret_cast<const uint64_t*>(d.self() + slot), *d.expected_for(slot) + 1,
-                 d.timeout_ns, d.status, d.abort, WaitSite::kDispatchChunk, it.source_rank,
-                 it.node * p.max_chunks + it.chunk);
+      wait_until(reinterpret_cast<const uint64_t*>(d.self() + slot), *d.expected_for(slot) + 1, d,
+                 WaitSite::kDispatchChunk, it.source_rank, it.node * p.max_chunks + it.chunk);
   ptx::fence_proxy_async_global();  // the TMA loads below read what the flag published
   return ok;
 }

@@ -78,7 +78,7 @@ __device__ void write_domain_maps(const MetadataParams& p, int64_t tokens, int m
   }
   // Every rank has every rank's stamp here, so every rank finds a disagreement.
   for (int r = threadIdx.x; r < d.world; r += blockDim.x) {
-    stamps_agree(d.stamp, p.call_stamps[r], d.status, d.abort, WaitSite::kGatheredStamps, r);
+    stamps_agree(d, p.call_stamps[r], WaitSite::kGatheredStamps, r);
   }
 }
 

@@ -46,8 +46,7 @@ __global__ void __launch_bounds__(32) network_send_check_kernel(NetworkSendCheck
       if (node == t.node_rank || lane != 0) continue;
       const size_t flag = p.network_flags + sizeof(uint64_t) * (size_t(node) * p.max_chunks + c);
       if (!wait_flag(reinterpret_cast<const uint64_t*>(p.domain.self() + flag),
-                     p.domain.expected_for(flag), p.domain.timeout_ns, p.domain.status,
-                     p.domain.abort, WaitSite::kNetworkFlag, node, c)) {
+                     p.domain.expected_for(flag), p.domain, WaitSite::kNetworkFlag, node, c)) {
         return;
       }
     }

@@ -7,37 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "hybrid_ep/kernels/common/status.h"
+#include "hybrid_ep/kernels/common/domain_view.h"
 #include "hybrid_ep/transport/transport.h"
 
 namespace hybrid_ep {
-
-// What every cross-rank kernel needs to find its domain and report a stuck wait.
-struct DomainView {
-  uint8_t* const* peers;  // device array [R]: base of each local rank's registered buffer
-  int ranks;              // R
-  int local_rank;         // this rank's index in the domain
-  int node_rank;          // this domain's index
-  int nodes;              // N
-  int world;              // W = N * R
-  uint64_t* expected;     // this rank's consumer counters, mirrors the registered flag region
-  size_t flags_begin;     // offset of the flag region (expected[i] <-> flag at begin + 8 i)
-  DeviceStatus* status;   // host-mapped
-  uint32_t* abort;        // device memory: set by a failed wait; later kernels return at once
-  uint64_t timeout_ns;
-  // This call's stamp (hybrid_ep/call_stamp.py, Runtime::begin_call), which the call's first
-  // exchange (routing all-gather, barrier) compares with the peers'; 0: none.
-  uint64_t stamp;
-
-  __device__ bool aborted() const { return *static_cast<volatile uint32_t*>(abort) != 0; }
-
-  __host__ __device__ uint8_t* peer(int j) const { return peers[j]; }
-  __host__ __device__ uint8_t* self() const { return peers[local_rank]; }
-  // The consumer counter that belongs to the flag at registered offset `flag_offset`.
-  __device__ uint64_t* expected_for(size_t flag_offset) const {
-    return expected + (flag_offset - flags_begin) / sizeof(uint64_t);
-  }
-};
 
 // With several domains the barrier also exchanges one signal with the peer of every other
 // domain (through the transport), so no peer overwrites tiles this rank still reads.
@@ -60,7 +33,9 @@ struct AllgatherParams {
   size_t routing;  // region offsets
   size_t token_counts;
   size_t call_stamps;  // uint64 [W]: each rank's stamp, carried like its token count
-  size_t allgather_flags;
+  // The domain barrier's flags and stamp slots (BarrierParams): the all-gather is this call's
+  // barrier, so that a rank in another operation meets it there.
+  size_t barrier_flags, barrier_stamps;
 };
 
 // The all-gather's second step with several domains: this rank's map (already in its own
@@ -72,7 +47,8 @@ struct AllgatherNetworkParams {
   int max_tokens;
   int experts_total;
   size_t routing, token_counts, call_stamps;
-  size_t net_allgather_flags, forward_flags;
+  size_t net_barrier_flags, net_barrier_stamps;  // the barrier's, as in AllgatherParams
+  size_t forward_flags;
 };
 
 // Destination-major probs: probs [num_tokens, N * E*R] -> restriped [N, T, E*R], so that the

@@ -39,8 +39,7 @@ __global__ void __launch_bounds__(kThreads) transport_check_kernel(TransportChec
     int ok = 1;
     if (lane == 0) {
       ok = wait_flag(reinterpret_cast<const uint64_t*>(self + flag), p.domain.expected_for(flag),
-                     p.domain.timeout_ns, p.domain.status, p.domain.abort, WaitSite::kNetworkFlag,
-                     n, 0);
+                     p.domain, WaitSite::kNetworkFlag, n, 0);
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     unsigned long long bad = 0;

@@ -45,26 +45,24 @@ struct BufferLayout {
   size_t combine_probs;    // fp32 [W*T, E*R]
   // Several domains only (empty with one): receive tiles from the peer of each domain, and the
   // local sources of this rank's puts (registered, as RDMA transports need).
-  size_t net_rows;             // [N, T, row bytes]: dispatched rows from the peer of domain n
-  size_t net_probs;            // fp32 [N, T, E*R]: their probs (the receiving domain's columns)
-  size_t net_scales;           // fp32 [N, T, H/128]: their FP8 scales
-  size_t restriped_probs;      // fp32 [N, T, E*R]: this rank's probs, destination-major
-  size_t staged_rows;          // [T, row bytes]: this rank's rows, for registered-source puts
-  size_t staged_scales;        // fp32 [T, H/128]
-  size_t partials;             // fp32 [N, T, H]: combine sums of this domain per forwarded token
-  size_t partial_probs;        // fp32 [N, T, E*R]
-  size_t net_partials;         // fp32 [N, T, H]: partial sums of this rank's tokens from domain n
-  size_t net_partial_probs;    // fp32 [N, T, E*R]
-  size_t barrier_flags;        // uint64 [R]: one per sending local rank
-  size_t allgather_flags;      // uint64 [R]
-  size_t forward_flags;        // uint64 [R]: the other domains' maps forwarded by local rank j
-  size_t dispatch_flags;       // uint64 [R, N * max chunks]: (forwarding rank, domain, chunk)
-  size_t unpermute_flags;      // uint64 [R, N * max chunks, kUnpermuteSlices]: fused unpermute
-  size_t network_flags;        // uint64 [N, max chunks]: dispatch chunks from the peer of domain n
-  size_t combine_flags;        // uint64 [N, max chunks]: combine partials from the peer of domain n
-  size_t net_barrier_flags;    // uint64 [N]
-  size_t net_allgather_flags;  // uint64 [N]
-  size_t receive_releases;     // uint64: times this rank has read its dispatch_rows out
+  size_t net_rows;           // [N, T, row bytes]: dispatched rows from the peer of domain n
+  size_t net_probs;          // fp32 [N, T, E*R]: their probs (the receiving domain's columns)
+  size_t net_scales;         // fp32 [N, T, H/128]: their FP8 scales
+  size_t restriped_probs;    // fp32 [N, T, E*R]: this rank's probs, destination-major
+  size_t staged_rows;        // [T, row bytes]: this rank's rows, for registered-source puts
+  size_t staged_scales;      // fp32 [T, H/128]
+  size_t partials;           // fp32 [N, T, H]: combine sums of this domain per forwarded token
+  size_t partial_probs;      // fp32 [N, T, E*R]
+  size_t net_partials;       // fp32 [N, T, H]: partial sums of this rank's tokens from domain n
+  size_t net_partial_probs;  // fp32 [N, T, E*R]
+  size_t barrier_flags;      // uint64 [R]: one per sending local rank (barrier, all-gather)
+  size_t forward_flags;      // uint64 [R]: the other domains' maps forwarded by local rank j
+  size_t dispatch_flags;     // uint64 [R, N * max chunks]: (forwarding rank, domain, chunk)
+  size_t unpermute_flags;    // uint64 [R, N * max chunks, kUnpermuteSlices]: fused unpermute
+  size_t network_flags;      // uint64 [N, max chunks]: dispatch chunks from the peer of domain n
+  size_t combine_flags;      // uint64 [N, max chunks]: combine partials from the peer of domain n
+  size_t net_barrier_flags;  // uint64 [N]
+  size_t receive_releases;   // uint64: times this rank has read its dispatch_rows out
   size_t flags_begin, flags_end;
   size_t total;
 
@@ -105,7 +103,6 @@ struct BufferLayout {
     l.net_partial_probs = take(tiles * prob_row);
     l.flags_begin = at;
     l.barrier_flags = take(sizeof(uint64_t) * s.ranks);
-    l.allgather_flags = take(sizeof(uint64_t) * s.ranks);
     l.forward_flags = take(sizeof(uint64_t) * s.ranks);
     l.dispatch_flags = take(sizeof(uint64_t) * s.ranks * s.nodes() * s.max_chunks());
     l.unpermute_flags =
@@ -113,7 +110,6 @@ struct BufferLayout {
     l.network_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
     l.combine_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
     l.net_barrier_flags = take(sizeof(uint64_t) * s.nodes());
-    l.net_allgather_flags = take(sizeof(uint64_t) * s.nodes());
     l.receive_releases = take(sizeof(uint64_t));
     l.flags_end = at;
     l.total = at;

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
+#include "hybrid_ep/kernels/common/domain_view.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
-#include "hybrid_ep/kernels/common/status.h"
 
 namespace hybrid_ep {
 
@@ -18,53 +18,38 @@ __device__ __forceinline__ void signal_flag(uint64_t* flag) {
   ptx::add_release_sys(flag, 1);
 }
 
-__device__ __forceinline__ void report_timeout(DeviceStatus* status, uint32_t* abort, WaitSite site,
+// A failed wait or stamp check: stops every later kernel of this rank (the abort word) and,
+// if it is the first failure, says where and during which call (the call's stamp).
+__device__ __forceinline__ void report_failure(const DomainView& d, StatusCode code, WaitSite site,
                                                int peer, int slot, uint64_t expected,
                                                uint64_t seen) {
-  atomicExch(abort, 1u);
-  if (atomicCAS(&status->code, 0, static_cast<int32_t>(StatusCode::kTimeout)) == 0) {
+  atomicExch(d.abort, 1u);
+  DeviceStatus* status = d.status;
+  if (atomicCAS(&status->code, 0, static_cast<int32_t>(code)) == 0) {
     status->site = static_cast<int32_t>(site);
     status->peer = peer;
     status->slot = slot;
     status->expected = expected;
     status->seen = seen;
+    status->stamp = d.stamp;
     __threadfence_system();
   }
-}
-
-// A peer's stamp of the call (`theirs`, read after the flag that published it) against this
-// rank's: a difference stops the call before it moves data, like a failed wait, and says
-// what differed. 0 is no stamp (internal operations) and agrees with anything.
-__device__ __forceinline__ bool stamps_agree(uint64_t mine, uint64_t theirs, DeviceStatus* status,
-                                             uint32_t* abort, WaitSite site, int peer) {
-  if (mine == 0 || theirs == 0 || mine == theirs) return true;
-  atomicExch(abort, 1u);
-  if (atomicCAS(&status->code, 0, static_cast<int32_t>(StatusCode::kMismatch)) == 0) {
-    status->site = static_cast<int32_t>(site);
-    status->peer = peer;
-    status->slot = 0;
-    status->expected = mine;
-    status->seen = theirs;
-    __threadfence_system();
-  }
-  return false;
 }
 
 // Waits until *flag >= target. Returns false (after reporting) on timeout, or at once when
 // another wait already failed (the abort word lives in device memory: cheap to poll, unlike
 // the host-mapped status).
 __device__ __forceinline__ bool wait_until(const uint64_t* flag, uint64_t target,
-                                           uint64_t timeout_ns, DeviceStatus* status,
-                                           uint32_t* abort, WaitSite site, int peer, int slot) {
+                                           const DomainView& d, WaitSite site, int peer, int slot) {
   uint64_t seen = ptx::load_acquire_sys(flag);
   if (seen >= target) return true;
   const uint64_t start = ptx::global_timer_ns();
   while (true) {
     seen = ptx::load_acquire_sys(flag);
     if (seen >= target) return true;
-    if (*static_cast<volatile uint32_t*>(abort) != 0) return false;
-    if (ptx::global_timer_ns() - start > timeout_ns) {
-      report_timeout(status, abort, site, peer, slot, target, seen);
+    if (d.aborted()) return false;
+    if (ptx::global_timer_ns() - start > d.timeout_ns) {
+      report_failure(d, StatusCode::kTimeout, site, peer, slot, target, seen);
       return false;
     }
     __nanosleep(64);
@@ -73,11 +58,28 @@ __device__ __forceinline__ bool wait_until(const uint64_t* flag, uint64_t target
 
 // The single consumer's wait: advances its expected value, then waits until *flag reaches it.
 __device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t* expected,
-                                          uint64_t timeout_ns, DeviceStatus* status,
-                                          uint32_t* abort, WaitSite site, int peer, int slot) {
+                                          const DomainView& d, WaitSite site, int peer, int slot) {
   const uint64_t target = *expected + 1;
   *expected = target;
-  return wait_until(flag, target, timeout_ns, status, abort, site, peer, slot);
+  return wait_until(flag, target, d, site, peer, slot);
+}
+
+// Slot of sender `index` in a [2][count] stamp region at `region`, for the exchange whose
+// count (the consumer's target of the flag that publishes it) is `exchange`: a sender is at
+// most one exchange ahead of its receiver, so its next stamp never lands on one not read yet.
+__host__ __device__ __forceinline__ size_t stamp_slot(size_t region, int count, uint64_t exchange,
+                                                      int index) {
+  return region + sizeof(uint64_t) * (size_t(exchange & 1) * count + index);
+}
+
+// A peer's stamp of the call (`theirs`, read after the flag that published it) against this
+// rank's: a difference stops the call before it moves data, like a failed wait, and says
+// what differed. 0 is no stamp (internal operations) and agrees with anything.
+__device__ __forceinline__ bool stamps_agree(const DomainView& d, uint64_t theirs, WaitSite site,
+                                             int peer) {
+  if (d.stamp == 0 || theirs == 0 || d.stamp == theirs) return true;
+  report_failure(d, StatusCode::kMismatch, site, peer, 0, d.stamp, theirs);
+  return false;
 }
 
 }  // namespace hybrid_ep

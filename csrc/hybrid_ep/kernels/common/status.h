@@ -31,6 +31,7 @@ struct DeviceStatus {
   int32_t slot;       // chunk or counter index
   uint64_t expected;  // value waited for (kMismatch: this rank's stamp)
   uint64_t seen;      // value observed at the timeout (kMismatch: the peer's stamp)
+  uint64_t stamp;     // the stamp of the call whose kernel failed (hybrid_ep/call_stamp.py)
 };
 
 }  // namespace hybrid_ep
