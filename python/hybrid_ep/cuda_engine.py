@@ -33,6 +33,7 @@ _WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk 
                11: "routing all-gather (every rank's stamp)"}
 _NETWORK_SITES = (4, 5, 6, 7)
 _GATHERED_STAMPS = 11  # its peer is a global rank
+_DOMAIN_DISAGREES = 1 << 63  # kernels/common/flags.cuh: the peer's domain saw a mismatch
 # The current stream's handle without building a torch.cuda.Stream: about 0.2 us where
 # torch.cuda.current_stream() takes about 5, and the fused calls ask four times.
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -210,13 +211,18 @@ class CudaEngine:
             peer = (status["peer"] if status["site"] == _GATHERED_STAMPS
                     else status["peer"] * R + self.topo.local_rank if network
                     else self.topo.node_rank * R + status["peer"])
-            mine, theirs = (CallStamp.unpack(status["expected"]),
-                            CallStamp.unpack(status["seen"]))
+            mine = CallStamp.unpack(status["expected"])
+            theirs = CallStamp.unpack(status["seen"] & ~_DOMAIN_DISAGREES)
+            if status["seen"] & _DOMAIN_DISAGREES and mine == theirs:
+                what = (f"rank {peer} (the peer in domain {status['peer']}) found ranks of its "
+                        "domain disagreeing")
+            else:
+                what = (f"rank {peer}: {theirs.describe()} "
+                        f"({'; '.join(differences(mine, theirs))})")
             raise HybridEPMismatchError(
                 f"rank {self.topo.rank}: ranks disagree on the call (every rank must make the "
-                f"same call), found at the {site}: this rank: {mine.describe()}; rank {peer}: "
-                f"{theirs.describe()} ({'; '.join(differences(mine, theirs))}). The call did "
-                "not move data; this buffer cannot be used any more")
+                f"same call), found at the {site}: this rank: {mine.describe()}; {what}. The "
+                "call did not move data; this buffer cannot be used any more")
         peer = (f"rank {status['peer'] * R + self.topo.local_rank} (the peer in domain "
                 f"{status['peer']})" if network
                 else f"rank {self.topo.node_rank * R + status['peer']} (local rank "

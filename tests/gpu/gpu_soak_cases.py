@@ -83,18 +83,12 @@ def _usage(ctx: Ctx) -> dict:
     return {"free": free, "allocated": allocated, "fds": fds}
 
 
-@job
-def soak(ctx: Ctx, seed: int, calls: int, check_every: int, H: int, E: int,
-         max_tokens: int, grow_at: tuple) -> dict:
-    """``calls`` calls (dispatch-like and combine-like in pairs). Returns the tallies, the
-    variants run, the growths and the resource usage before the buffer and after its destroy."""
+def _calls(ctx: Ctx, buf, seed: int, calls: int, check_every: int, H: int, E: int,
+           max_tokens: int, grow_at: tuple, stats: Stats) -> dict:
+    """The soak's calls on ``buf`` (a function of its own: its tensors are gone on return)."""
     W, r = ctx.W, ctx.rank
-    before = _usage(ctx)
-    buf = ctx.buffer(H, max_tokens, E)
-    stats = Stats()
     counts = dict.fromkeys(VARIANTS, 0)
     grown, capacity = 0, max_tokens
-    start = time.monotonic()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # growth warns, as documented
         for pair in range(calls // 2):
@@ -130,10 +124,23 @@ def soak(ctx: Ctx, seed: int, calls: int, check_every: int, H: int, E: int,
                 grown += 1
                 capacity = buf.max_num_of_tokens_per_rank
     ctx.sync()
+    return {"variants": counts, "grown": grown, "capacity": capacity}
+
+
+@job
+def soak(ctx: Ctx, seed: int, calls: int, check_every: int, H: int, E: int,
+         max_tokens: int, grow_at: tuple) -> dict:
+    """``calls`` calls (dispatch-like and combine-like in pairs). Returns the tallies, the
+    variants run, the growths and the resource usage before the buffer and after its destroy."""
+    before = _usage(ctx)
+    buf = ctx.buffer(H, max_tokens, E)
+    stats = Stats()
+    start = time.monotonic()
+    ran = _calls(ctx, buf, seed, calls, check_every, H, E, max_tokens, grow_at, stats)
     seconds = time.monotonic() - start
     buf.destroy()
     ctx.buffers.remove(buf)
     del buf
     after = _usage(ctx)
-    return stats.as_dict(calls=2 * (calls // 2), variants=counts, grown=grown,
-                         capacity=capacity, seconds=seconds, before=before, after=after)
+    return stats.as_dict(calls=2 * (calls // 2), seconds=seconds, before=before, after=after,
+                         **ran)

@@ -32,8 +32,11 @@ def test_mismatch_raises_on_every_rank(gpu_pools, W, placement, R, kind):
     for rank, r in enumerate(results):
         assert "message" in r, f"rank {rank} raised no HybridEPMismatchError: {r}"
         assert r["raised_at"] in ("call", "next call"), r
-        # Rank 1 differs: every other rank names it, rank 1 names the rank it compared with.
-        assert "rank 1" in r["message"] if rank != 1 else "rank " in r["message"], r["message"]
+        assert "disagree" in r["message"], r["message"]
+        # Rank 1 differs: in one domain, or with one rank per domain, every other rank names it
+        # (in 2x2, a rank of the other domain may name its peer, which saw the mismatch).
+        if rank != 1 and (R == W or R == 1):
+            assert "rank 1" in r["message"], r["message"]
         assert r["seconds"] < 15, f"rank {rank} raised after {r['seconds']:.1f} s: {r}"
     print(results[0]["message"])
 

@@ -84,7 +84,7 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
     const size_t slot =
         stamp_slot(p.net_barrier_stamps, d.nodes,
                    *d.expected_for(p.net_barrier_flags + sizeof(uint64_t) * n) + 1, d.node_rank);
-    if (lane == 0) *reinterpret_cast<uint64_t*>(self + slot) = d.stamp;
+    if (lane == 0) *reinterpret_cast<uint64_t*>(self + slot) = stamp_for_network(d);
     __threadfence_system();
     __syncwarp();
     TransportDevice::put(p.transport, 0, n, p.routing + map_bytes * me,
@@ -112,7 +112,9 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
     }
   }
   __syncthreads();
-  if (d.aborted()) return;
+  // A mismatch (found here or in the domain's part) is known to every rank by now: stop before
+  // forwarding, as ranks in a barrier instead of this all-gather would never forward theirs.
+  if (d.settle()) return;
   // 3. Forward them to every other rank of the domain.
   for (int k = 0; k < d.nodes - 1; ++k) {
     const int source = other_domain(k, d.node_rank) * d.ranks + d.local_rank;

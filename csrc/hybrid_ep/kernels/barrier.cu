@@ -37,8 +37,9 @@ __device__ void local_barrier(const BarrierParams& p, int peer) {
   stamps_agree(d, theirs, WaitSite::kBarrier, peer);
 }
 
-// One warp: this rank's stamp and a signal to the peer of every other domain, then lane n
-// waits for domain n's and checks the stamp it carried.
+// One warp, after the domain's part: this rank's stamp (with whether its domain agreed) and a
+// signal to the peer of every other domain, then lane n waits for domain n's and checks the
+// stamp it carried.
 __device__ void network_barrier(const BarrierParams& p, int lane) {
   const DomainView& d = p.domain;
   uint8_t* self = d.self();
@@ -48,7 +49,7 @@ __device__ void network_barrier(const BarrierParams& p, int lane) {
     const size_t slot =
         stamp_slot(p.net_barrier_stamps, d.nodes, *d.expected_for(flag) + 1, d.node_rank);
     // The put's source is this rank's own slot (registered, as RDMA puts need).
-    if (lane == 0) *reinterpret_cast<uint64_t*>(self + slot) = d.stamp;
+    if (lane == 0) *reinterpret_cast<uint64_t*>(self + slot) = stamp_for_network(d);
     __threadfence_system();
     __syncwarp();
     TransportDevice::put(p.transport, 0, n, slot, self + slot, sizeof(uint64_t), lane);
@@ -73,11 +74,13 @@ __device__ void network_barrier(const BarrierParams& p, int lane) {
 __global__ void domain_barrier_kernel(BarrierParams p) {
   if (p.domain.aborted()) return;
   const int local_threads = (p.domain.ranks + 31) / 32 * 32;
-  if (int(threadIdx.x) < local_threads) {
-    local_barrier(p, threadIdx.x);
-  } else {
-    network_barrier(p, threadIdx.x % 32);
-  }
+  if (int(threadIdx.x) < local_threads) local_barrier(p, threadIdx.x);
+  // The network part follows the domain's, so that its stamps say whether the domain agreed:
+  // then every rank of every domain learns of a mismatch anywhere.
+  __syncthreads();
+  if (int(threadIdx.x) >= local_threads) network_barrier(p, threadIdx.x % 32);
+  __syncthreads();
+  if (threadIdx.x == 0) p.domain.settle();
 }
 
 __global__ void receive_release_kernel(uint64_t* releases) { signal_flag(releases); }

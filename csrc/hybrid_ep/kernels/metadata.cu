@@ -17,7 +17,8 @@ constexpr int kItemsPerThread = 8;
 constexpr int kTile = kScanThreads * kItemsPerThread;
 
 __global__ void dest_mask_kernel(MetadataParams p) {
-  if (p.domain.aborted()) return;
+  // The first kernel after the all-gather: a mismatch it found stops the call here.
+  if (p.domain.settle()) return;
   const int world = p.domain.world;
   const int experts = p.experts_per_rank;
   const int64_t tokens = int64_t(world) * p.max_tokens;
@@ -78,7 +79,7 @@ __device__ void write_domain_maps(const MetadataParams& p, int64_t tokens, int m
   }
   // Every rank has every rank's stamp here, so every rank finds a disagreement.
   for (int r = threadIdx.x; r < d.world; r += blockDim.x) {
-    stamps_agree(d, p.call_stamps[r], WaitSite::kGatheredStamps, r);
+    stamps_agree(d, p.call_stamps[r], WaitSite::kGatheredStamps, r, true);
   }
 }
 

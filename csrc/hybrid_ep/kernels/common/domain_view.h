@@ -11,6 +11,12 @@
 
 namespace hybrid_ep {
 
+// Bits of the abort word. A stamp that differs (kMismatchSeen) does not stop the exchange that
+// found it: the rank still passes its own stamp on (saying its domain disagrees), so that every
+// rank learns of the mismatch, and the exchange's end turns it into kAbortNow (settle()).
+constexpr uint32_t kAbortNow = 1;
+constexpr uint32_t kMismatchSeen = 2;
+
 // What every cross-rank kernel needs to find its domain and report a stuck wait.
 struct DomainView {
   uint8_t* const* peers;  // device array [R]: base of each local rank's registered buffer
@@ -22,13 +28,21 @@ struct DomainView {
   uint64_t* expected;     // this rank's consumer counters, mirrors the registered flag region
   size_t flags_begin;     // offset of the flag region (expected[i] <-> flag at begin + 8 i)
   DeviceStatus* status;   // host-mapped
-  uint32_t* abort;        // device memory: set by a failed wait; later kernels return at once
+  uint32_t* abort;        // device memory, kAbortNow | kMismatchSeen: later kernels return
   uint64_t timeout_ns;
   // This call's stamp (hybrid_ep/call_stamp.py, Runtime::begin_call), which the call's first
   // exchange (routing all-gather, barrier) compares with the peers'; 0: none.
   uint64_t stamp;
 
-  __device__ bool aborted() const { return *static_cast<volatile uint32_t*>(abort) != 0; }
+  __device__ uint32_t abort_bits() const { return *static_cast<volatile uint32_t*>(abort); }
+  __device__ bool aborted() const { return (abort_bits() & kAbortNow) != 0; }
+  __device__ bool mismatch_seen() const { return (abort_bits() & kMismatchSeen) != 0; }
+  // At the end of a call's first exchange: a mismatch seen during it stops the call now.
+  __device__ bool settle() const {
+    const uint32_t bits = abort_bits();
+    if ((bits & kMismatchSeen) != 0 && (bits & kAbortNow) == 0) atomicOr(abort, kAbortNow);
+    return bits != 0;
+  }
 
   __host__ __device__ uint8_t* peer(int j) const { return peers[j]; }
   __host__ __device__ uint8_t* self() const { return peers[local_rank]; }

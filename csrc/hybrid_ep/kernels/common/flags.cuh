@@ -18,12 +18,12 @@ __device__ __forceinline__ void signal_flag(uint64_t* flag) {
   ptx::add_release_sys(flag, 1);
 }
 
-// A failed wait or stamp check: stops every later kernel of this rank (the abort word) and,
-// if it is the first failure, says where and during which call (the call's stamp).
+// A failed wait or stamp check: stops every later kernel of this rank (`bits` of the abort word)
+// and, if it is the first failure, says where and during which call (the call's stamp).
 __device__ __forceinline__ void report_failure(const DomainView& d, StatusCode code, WaitSite site,
-                                               int peer, int slot, uint64_t expected,
-                                               uint64_t seen) {
-  atomicExch(d.abort, 1u);
+                                               int peer, int slot, uint64_t expected, uint64_t seen,
+                                               uint32_t bits = kAbortNow) {
+  atomicOr(d.abort, bits);
   DeviceStatus* status = d.status;
   if (atomicCAS(&status->code, 0, static_cast<int32_t>(code)) == 0) {
     status->site = static_cast<int32_t>(site);
@@ -72,13 +72,23 @@ __host__ __device__ __forceinline__ size_t stamp_slot(size_t region, int count, 
   return region + sizeof(uint64_t) * (size_t(exchange & 1) * count + index);
 }
 
+// Set in a stamp a rank passes to the other domains when ranks of its own domain disagree.
+constexpr uint64_t kDomainDisagrees = 1ull << 63;
+
+// The stamp this rank passes to the peers of the other domains (after its domain's exchange).
+__device__ __forceinline__ uint64_t stamp_for_network(const DomainView& d) {
+  return d.stamp | (d.mismatch_seen() ? kDomainDisagrees : 0);
+}
+
 // A peer's stamp of the call (`theirs`, read after the flag that published it) against this
-// rank's: a difference stops the call before it moves data, like a failed wait, and says
-// what differed. 0 is no stamp (internal operations) and agrees with anything.
+// rank's: a difference stops the call before it moves data, like a failed wait, and says what
+// differed; during the exchange (`now` false) only once the exchange is done (settle()). 0 is
+// no stamp (internal operations) and agrees with anything.
 __device__ __forceinline__ bool stamps_agree(const DomainView& d, uint64_t theirs, WaitSite site,
-                                             int peer) {
+                                             int peer, bool now = false) {
   if (d.stamp == 0 || theirs == 0 || d.stamp == theirs) return true;
-  report_failure(d, StatusCode::kMismatch, site, peer, 0, d.stamp, theirs);
+  report_failure(d, StatusCode::kMismatch, site, peer, 0, d.stamp, theirs,
+                 now ? kAbortNow | kMismatchSeen : kMismatchSeen);
   return false;
 }
 
