@@ -37,12 +37,14 @@ struct DomainView {
   __device__ uint32_t abort_bits() const { return *static_cast<volatile uint32_t*>(abort); }
   __device__ bool aborted() const { return (abort_bits() & kAbortNow) != 0; }
   __device__ bool mismatch_seen() const { return (abort_bits() & kMismatchSeen) != 0; }
+#ifdef __CUDACC__  // host code includes this view too, and has no atomics
   // At the end of a call's first exchange: a mismatch seen during it stops the call now.
   __device__ bool settle() const {
     const uint32_t bits = abort_bits();
     if ((bits & kMismatchSeen) != 0 && (bits & kAbortNow) == 0) atomicOr(abort, kAbortNow);
     return bits != 0;
   }
+#endif
 
   __host__ __device__ uint8_t* peer(int j) const { return peers[j]; }
   __host__ __device__ uint8_t* self() const { return peers[local_rank]; }
