@@ -90,19 +90,24 @@ def test_every_chunk_is_signalled_even_when_empty(pools, W, R):
         assert stats["signals"] == 3 * (W // R - 1)
 
 
+@pytest.mark.parametrize("wire", ["bf16", "fp32"])
 @pytest.mark.parametrize("with_probs", [True, False])
-def test_combine_sends_partials_back_per_chunk_and_domain(pools, with_probs):
-    """Dense routing, 2 domains x 2: every chunk's fp32 partial rows (and partial probs) go
-    back to the peer in one put per tensor, with one signal per chunk."""
+def test_combine_sends_partials_back_per_chunk_and_domain(pools, with_probs, wire):
+    """Dense routing, 2 domains x 2: every chunk's partial rows (BF16, or fp32 with
+    HYBRID_EP_COMBINE_WIRE=fp32) and partial probs (fp32) go back to the peer in one put per
+    tensor, with one signal per chunk. With BF16 the combine moves the dispatch's bytes."""
     tokens, R, hidden = 150, 2, 256
     out = pools.run(4, "cases.network", "combine_counters", R=R, pattern="dense",
-                    with_probs=with_probs, tokens=tokens)
+                    with_probs=with_probs, tokens=tokens, wire=wire)
     chunks = -(-tokens // CHUNK)
-    per_token = 4 * hidden + (4 * 2 * R if with_probs else 0)
+    per_token = (2 if wire == "bf16" else 4) * hidden + (4 * 2 * R if with_probs else 0)
     for stats in out:
         assert stats["signals"] == chunks
         assert stats["puts"] == chunks * (2 if with_probs else 1)
         assert stats["bytes"] == tokens * per_token
+        if wire == "bf16":
+            assert stats["bytes"] == stats["dispatch"]["bytes"], stats
+            assert stats["puts"] == stats["dispatch"]["puts"], stats
 
 
 def test_channels_take_chunks_round_robin_by_block(pools):
@@ -131,3 +136,11 @@ def test_counts_of_two_sources_add_per_channel():
     assert both.as_dict() == {"channels": [{"puts": 5, "signals": 7, "bytes": 90},
                                            {"puts": 0, "signals": 1, "bytes": 7}],
                               "puts": 5, "signals": 8, "bytes": 97}
+
+
+@pytest.mark.parametrize("wire", ["bf16", "fp32"])
+def test_reference_models_the_combine_wire(pools, wire):
+    """The reference engine's combine across domains rounds each domain's partial to BF16
+    (HYBRID_EP_COMBINE_WIRE=bf16, default) or keeps it fp32; the two forms differ somewhere."""
+    out = pools.run(6, "cases.network", "wire_numerics", wire=wire)
+    assert all(r["differ"] > 0 for r in out), out

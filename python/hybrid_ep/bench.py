@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from . import oracle
+from .config import EnvSettings
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ def _run_rank(rank: int, cfg: BenchConfig, device: str) -> list[Row]:
             lambda o=out, p=out_probs, h=handle: buffer.combine(o, probs=p, handle=h), device,
             group)
         _check("combined_token", combined,
-               oracle.expected_combine_of_dispatch(hidden, routing_map, cfg.experts_per_rank))
+               oracle.expected_combine_of_dispatch(hidden, routing_map, cfg.experts_per_rank,
+                                                   per_domain, EnvSettings.read().combine_wire))
         _check("combined_probs", combined_probs, probs)
         if record:
             times["combine-bf16"].append(tc)

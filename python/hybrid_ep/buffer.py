@@ -185,7 +185,7 @@ class HybridEPBuffer:
             num_channels=env.num_channels,
         )
         self._reference = ReferenceEngine(group, self.topology, experts, self._rendezvous,
-                                          env.timeout_s)
+                                          env.timeout_s, env.combine_wire)
         self._cuda_engine = None
         self._handles = itertools.count(1)  # ids of the handles this buffer makes (CallStamp)
         self._call_agreed = False
@@ -361,8 +361,9 @@ class HybridEPBuffer:
         """The combine's network leg, modelled like the dispatch's (reference engine only)."""
         if engine is not self._reference or self.num_of_nodes == 1:
             return
+        # The partials travel at the wire's width (HYBRID_EP_COMBINE_WIRE); their probs fp32.
         widths = network.RowWidths(
-            row=4 * hidden.shape[1],
+            row=(2 if self._env.combine_wire == "bf16" else 4) * hidden.shape[1],
             probs=(4 * self.config.num_local_experts * self.num_of_hybrid_ep_ranks_per_nvlink_domain
                    if with_probs else 0),
             scales=0)
@@ -651,7 +652,8 @@ class HybridEPBuffer:
             if experts != self.config.num_local_experts:
                 changes["num_local_experts"] = experts
                 self._reference = ReferenceEngine(self.group, self.topology, experts,
-                                                  self._rendezvous, self._env.timeout_s)
+                                                  self._rendezvous, self._env.timeout_s,
+                                                  self._env.combine_wire)
         if pad_multiple is not None:
             changes["pad_multiple"] = v.normalize_pad_multiple(pad_multiple)
         if use_fp8 is not None:

@@ -68,6 +68,9 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_COMBINE_PIECES", "auto",
            "column pieces a combine row moves in (1, 2, 4, ...; hidden must split into multiples "
            "of 8); auto: whole rows unless a row's copies would not fit the ring"),
+    EnvVar("HYBRID_EP_COMBINE_WIRE", "bf16",
+           "combine between domains: bf16 puts each domain's partial sums rounded once to BF16 "
+           "(the bytes of dispatch); fp32 puts them unrounded (twice the bytes)"),
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
@@ -276,6 +279,7 @@ class EnvSettings:
     nixl_direct: bool = True
     nixl_progress_thread: bool = False
     nvshmem_direct: bool = True
+    combine_wire: str = "bf16"  # bf16 or fp32
 
 
     @staticmethod
@@ -304,6 +308,7 @@ class EnvSettings:
             nixl_direct=env_bool("HYBRID_EP_NIXL_DIRECT", True),
             nixl_progress_thread=env_bool("HYBRID_EP_NIXL_PROGRESS_THREAD", False),
             nvshmem_direct=env_bool("HYBRID_EP_NVSHMEM_DIRECT", True),
+            combine_wire=env_choice("HYBRID_EP_COMBINE_WIRE", "bf16", ("bf16", "fp32")),
         )
 
 

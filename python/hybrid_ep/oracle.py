@@ -40,10 +40,23 @@ def copies_per_token(routing_map: torch.Tensor, experts: int) -> torch.Tensor:
 
 
 def expected_combine_of_dispatch(hidden: torch.Tensor, routing_map: torch.Tensor,
-                                 experts: int) -> torch.Tensor:
-    """combine(dispatch(x)) = x times its copy count (exact in fp32 for small counts)."""
-    copies = copies_per_token(routing_map, experts).to(torch.float32)
-    return (hidden.float() * copies[:, None]).to(torch.bfloat16)
+                                 experts: int, ranks_per_domain: int | None = None,
+                                 wire: str = "bf16") -> torch.Tensor:
+    """combine(dispatch(x)) = x times its copy count (exact in fp32 for small counts); across
+    NVLink domains of ``ranks_per_domain`` with the BF16 wire, each domain's partial
+    (x times the copies there) is rounded to BF16 first and the partials summed in fp32 in
+    ascending domain order (docs/semantics.md, combine)."""
+    tokens, total = routing_map.shape
+    per_rank = routing_map.view(tokens, total // experts, experts).any(-1).to(torch.float32)
+    ranks = per_rank.shape[1]
+    if ranks_per_domain is None or ranks_per_domain == ranks or wire == "fp32":
+        return (hidden.float() * per_rank.sum(-1, keepdim=True)).to(torch.bfloat16)
+    per_domain = per_rank.view(tokens, ranks // ranks_per_domain, ranks_per_domain).sum(-1)
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    for n in range(per_domain.shape[1]):
+        part = (hidden.float() * per_domain[:, n:n + 1]).to(torch.bfloat16).float()
+        out = out + torch.where(per_domain[:, n:n + 1] > 0, part, 0.0)
+    return out.to(torch.bfloat16)
 
 
 def assert_same(name: str, got, want) -> None:

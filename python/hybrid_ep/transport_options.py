@@ -21,9 +21,11 @@ from . import nic_topology
 # Tensors a chunk's network send puts per run: rows, probs, FP8 scales
 # (csrc/hybrid_ep/kernels/network_send.cuh, kMaxNetTensors).
 MAX_NET_TENSORS = 3
-# Warps of one block that send, each holding at most one chunk's work requests unrung: the
-# combine network step's 8 (kernels/combine_network.cu, kThreads / 32); the dispatch has 4
-# network warps (kernels/dispatch.cu, kNetworkWarps).
+# Warps of one block that send, each holding at most one chunk's work requests unrung: at
+# least the dispatch's 4 network warps (kernels/dispatch.cu, kNetworkWarps) and the combine's 2
+# (kernels/combine.cu). Kept at 8, the count of the combine's old network kernel, so that the
+# default queue depths (and the channels they need) stay those tested until a NIC run shows
+# the tighter bound suffices.
 SENDING_WARPS_PER_BLOCK = 8
 # DOCA GPUNetIO indexes the send queue with 16 bits: the largest power-of-two depth.
 MAX_QP_DEPTH = 32768

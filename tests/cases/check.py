@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+
+def combine_wire() -> str:
+    """HYBRID_EP_COMBINE_WIRE as the buffers under test read it."""
+    return (os.environ.get("HYBRID_EP_COMBINE_WIRE") or "bf16").strip()
+
+
+def round_trip_rows(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """What a combine returns for rows that are ``x`` times ``counts[:, n]`` in domain n (copies
+    of a token there, or the experts it selected there after an unpermute): one domain, or the
+    fp32 wire, BF16 of the whole product (exact in fp32); across domains with the BF16 wire,
+    each domain's partial rounded to BF16 first, summed in fp32 in ascending domain order."""
+    xf = x.float()
+    counts = counts.to(xf.device, torch.float32)
+    if counts.shape[1] == 1 or combine_wire() == "fp32":
+        return (xf * counts.sum(1, keepdim=True)).to(torch.bfloat16)
+    total = torch.zeros_like(xf)
+    for n in range(counts.shape[1]):
+        part = (xf * counts[:, n:n + 1]).to(torch.bfloat16).float()
+        total = total + torch.where(counts[:, n:n + 1] > 0, part, 0.0)
+    return total.to(torch.bfloat16)
 
 
 def _where(rank) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .check import assert_combined, assert_same, plus_zero
+from .check import assert_combined, assert_same, plus_zero, round_trip_rows
 from .common import check_buffer_attributes, make_buffer, rank
 from .inputs import gen_all_inputs, gen_combine_inputs, routing_kwargs
 from .oracle import Oracle
@@ -62,8 +62,7 @@ def dispatch_combine(spec: dict, buf=None, reuse: bool = True) -> int:
 
     if spec["dtype"] == "bf16":  # the round trip
         combined, cprobs = buf.combine(hidden=tokens, probs=dprobs, handle=handle)
-        copies = torch.tensor(orc.copies(r), dtype=torch.float32).reshape(-1, 1)
-        want = (mine["hidden"].float() * copies).to(torch.bfloat16)
+        want = round_trip_rows(mine["hidden"], orc.copies_per_domain(r))
         assert_same(plus_zero(combined), plus_zero(want), "combine(dispatch(x)) vs x * copies", r)
         assert_same(cprobs, orc.dense_probs(r) if spec["with_probs"] else None,
                     "combined_probs vs probs", r)

@@ -64,15 +64,43 @@ def dispatch_counters(R: int, pattern: str, dtype: str, with_probs: bool, channe
     return stats
 
 
-def combine_counters(R: int, pattern: str, with_probs: bool, tokens: int) -> dict:
-    """transport_stats of one combine (the dispatch's counts reset first): the partial sums of
-    the peers' tokens that came to this domain go back to them."""
+def combine_counters(R: int, pattern: str, with_probs: bool, tokens: int,
+                     wire: str = "bf16") -> dict:
+    """transport_stats of one combine (the dispatch's counts reset first; returned under
+    "dispatch"): the partial sums of the peers' tokens that came to this domain go back to them,
+    at the width of HYBRID_EP_COMBINE_WIRE=``wire``."""
     hidden = 256
-    buf = _buffer(R, tokens, 1, False, hidden)
+    with env(HYBRID_EP_COMBINE_WIRE=wire):
+        buf = _buffer(R, tokens, 1, False, hidden)
     rmap = counter_routing(tokens, pattern, R)
     x = torch.randn(tokens, hidden).to(torch.bfloat16)
     probs = torch.where(rmap, 0.5, 0.0) if with_probs else None
     rows, rows_probs, _, handle = buf.dispatch(x, routing_map=rmap, probs=probs)
-    buf.transport_stats(reset=True)
+    dispatched = buf.transport_stats(reset=True)
     buf.combine(rows, probs=rows_probs, handle=handle)
-    return buf.transport_stats(reset=True)
+    return {**buf.transport_stats(reset=True), "dispatch": dispatched}
+
+
+def wire_numerics(wire: str) -> dict:
+    """2 domains x 3 ranks; every token goes to all 3 ranks of domain 0 and to two ranks of
+    domain 1. combine(dispatch(x)) is BF16(BF16(3x) + BF16(2x)) with the BF16 wire (each
+    domain's partial rounded once, then the partials summed in fp32 in ascending domain order)
+    and BF16(5x) with the fp32 wire. Returns how many elements the two forms tell apart."""
+    R, tokens, hidden = 3, 32, 256
+    with env(HYBRID_EP_COMBINE_WIRE=wire):
+        buf = HybridEPBuffer(job_group(), hidden, tokens, E,
+                             num_of_hybrid_ep_ranks_per_nvlink_domain=R)
+    experts_total = E * world()
+    rmap = torch.zeros(tokens, experts_total, dtype=torch.bool)
+    for d in (0, 1, 2, 3, 4):
+        rmap[:, d * E] = True
+    g = torch.Generator().manual_seed(100 + rank())
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    rows, _, _, handle = buf.dispatch(x, routing_map=rmap)
+    combined, _ = buf.combine(rows, handle=handle)
+    bf16 = ((x.float() * 3).to(torch.bfloat16).float() + 2 * x.float()).to(torch.bfloat16)
+    fp32 = (x.float() * 5).to(torch.bfloat16)
+    want = bf16 if wire == "bf16" else fp32
+    assert torch.equal(combined.view(torch.int16), want.view(torch.int16)), \
+        f"[rank {rank()}] {wire} wire: combine(dispatch(x)) is not the documented sum"
+    return {"differ": int((bf16 != fp32).sum())}

@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from .check import combine_wire
 from .inputs import FP8_KINDS
 
 
@@ -86,6 +87,12 @@ class Oracle:
     def copies(self, s: int) -> list:
         """Per token of s: the number of ranks that receive it."""
         return [sum(1 for d in range(self.W) if self.goes_to(s, t, d)) for t in range(self.T[s])]
+
+    def copies_per_domain(self, s: int) -> torch.Tensor:
+        """float [T_s, N]: per token of s, the ranks of each domain that receive it."""
+        return torch.tensor([[sum(1 for j in range(self.R) if self.goes_to(s, t, n * self.R + j))
+                              for n in range(self.N)] for t in range(self.T[s])],
+                            dtype=torch.float32).reshape(self.T[s], self.N)
 
     def expert_copies(self, s: int) -> list:
         return [sum(1 for g in range(self.E_total) if self.route[s][t][g])
@@ -203,16 +210,16 @@ class Oracle:
                 "dense_to_expert_map": torch.tensor(d2e, dtype=torch.int32).reshape(
                     T * self.W, E)}
 
-    def kept_expert_copies(self, s: int, permutes: list) -> list:
-        """Per token of s: how many (rank, expert) copies survived every rank's permute
-        (``permutes[d]`` = the oracle permute of rank d)."""
-        counts = [0] * self.T[s]
+    def kept_expert_copies(self, s: int, permutes: list) -> torch.Tensor:
+        """float [T_s, N]: per token of s, how many (rank, expert) copies in each domain
+        survived every rank's permute (``permutes[d]`` = the oracle permute of rank d)."""
+        counts = [[0] * self.N for _ in range(self.T[s])]
         for d in range(self.W):
             d2e = permutes[d]["dense_to_expert_map"].tolist()
             for i, (s2, t) in enumerate(self.recv[d]):
                 if s2 == s:
-                    counts[t] += sum(1 for x in d2e[i] if x >= 0)
-        return counts
+                    counts[t][self.node(d)] += sum(1 for x in d2e[i] if x >= 0)
+        return torch.tensor(counts, dtype=torch.float32).reshape(self.T[s], self.N)
 
     # -- combine ----------------------------------------------------------------------------
     def combine(self, s: int, hiddens: list, probs: list, d2e_maps: list | None = None) -> dict:
@@ -261,6 +268,8 @@ class Oracle:
                             elif maps[d][i][e] >= 0:
                                 cprobs[t][d * E + e] = prb[d][maps[d][i][e]]
                 if acc is not None:
+                    if self.N > 1 and combine_wire() == "bf16":
+                        acc = acc.to(torch.bfloat16).float()  # the partial as it travels
                     domain_sums.append(acc)
             total = torch.zeros(H, dtype=torch.float32)
             for part in domain_sums:
@@ -268,6 +277,8 @@ class Oracle:
             ordered[t] = total
         n = torch.tensor(nterms, dtype=torch.float64).reshape(T, 1)
         bound = exact.abs() * 2.0 ** -7 + absum * n * 2.0 ** -22
+        if self.N > 1 and combine_wire() == "bf16":
+            bound = bound + absum * 2.0 ** -8  # each domain's partial rounded to BF16 once
         cp = torch.tensor(cprobs, dtype=torch.float32).reshape(T, self.E_total) \
             if with_probs else None
         return {"exact": exact, "bound": bound, "ordered": ordered.to(torch.bfloat16), "probs": cp}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .check import assert_combined, assert_same, plus_zero
+from .check import assert_combined, assert_same, plus_zero, round_trip_rows
 from .common import as_tensor_count, env, make_buffer, rank
 from .dispatch import check_dispatch_handle, handle_T
 from .inputs import gen_all_inputs, gen_combine_inputs, routing_kwargs
@@ -83,8 +83,7 @@ def _unpermute_checks(buf, spec, orc, inputs, handle, pad_multiple, fuse, exps, 
         combined, cprobs = buf.combine_with_unpermute(
             hidden=tokens, probs=probs, handle=handle, pad_multiple=pad_multiple,
             fuse_unpermute_combine=fuse)
-        copies = torch.tensor(orc.kept_expert_copies(r, exps), dtype=torch.float32).reshape(-1, 1)
-        want = (inputs[r]["hidden"].float() * copies).to(torch.bfloat16)
+        want = round_trip_rows(inputs[r]["hidden"], orc.kept_expert_copies(r, exps))
         assert_same(plus_zero(combined), plus_zero(want),
                     f"{what}: combine_with_unpermute(permute(x)) vs x * copies", r)
         if not spec["with_probs"]:

@@ -44,7 +44,7 @@ from gpu_checks import (
     first_mismatch,
 )
 
-from cases.check import plus_zero
+from cases.check import plus_zero, round_trip_rows
 from cases.common import env
 
 DRY_RUN = os.environ.get("HYBRID_EP_GPU_TESTS_DRY_RUN", "") == "1"
@@ -239,13 +239,15 @@ def combine_inputs(ctx: Ctx, spec: dict, rows: int, salt: str):
 
 # -- checks (the rest: gpu_checks.py) ------------------------------------------------------
 def check_round_trip(ctx: Ctx, buf, out, x: torch.Tensor, rt: dict, spec: dict, what: str):
-    """combine(dispatch(x)) == x * copies exactly (BF16 x, fp32 sum of equal copies is exact);
+    """combine(dispatch(x)) == x * copies exactly (BF16 x, fp32 sum of equal copies is exact;
+    across domains with the BF16 wire, of each domain's rounded partial: round_trip_rows);
     combined_probs == the dense probs passed. Returns the combine outputs."""
     tokens, dprobs, _, handle = out
     combined, cprobs = engine_combine(buf, spec, tokens, dprobs, handle)
-    T = x.shape[0]
-    copies = rt["map"].view(T, spec["W"], spec["E"]).any(dim=2).sum(dim=1).to(torch.float32)
-    want = (x.float() * copies.unsqueeze(1)).to(torch.bfloat16)
+    T, W = x.shape[0], spec["W"]
+    R = spec.get("R") or W
+    per_rank = rt["map"].view(T, W, spec["E"]).any(dim=2)
+    want = round_trip_rows(x, per_rank.view(T, W // R, R).sum(dim=2))
     assert combined.device == ctx.dev and combined.dtype == torch.bfloat16, \
         f"{ctx.where()} {what}: combined {combined.dtype} on {combined.device}"
     if not torch.equal(plus_zero(combined), plus_zero(want)):
@@ -415,6 +417,8 @@ def long_run(ctx: Ctx, seed: int, H: int, E: int, max_tokens: int, iters: int,
                     "routing": "empty" if i % 25 == 24 else "skew" if i % 10 == 5 else "uniform",
                     "target": i % W, "with_probs": i % 4 != 3,
                     "tokens": [T if s == r else -1 for s in range(W)]}
+        if R:
+            spec["R"] = R
         x, _ = make_hidden(ctx, spec, T, "x")
         rt = make_routing(ctx, spec, T)
         what = f"call {i}"

@@ -97,6 +97,9 @@ def test_dense_counters(gpu_pools, dtype, with_probs, per_put):
     for r in results:
         sent = r["cuda_dispatch"]
         assert sent["signals"] == chunks and sent["puts"] == chunks * per_put, sent
+        if dtype == "bf16":  # BF16 partials: the combine moves the dispatch's bytes back
+            back = r["cuda_combine"]
+            assert back["bytes"] == sent["bytes"] and back["puts"] == sent["puts"], (back, sent)
 
 
 @pytest.mark.parametrize("channels", [1, 2, 4])
@@ -162,3 +165,36 @@ def test_two_buffers_domains(gpu_pools, record_property, W, placement, R):
     spec_a["R"] = spec_b["R"] = R
     results = gpu_pools.run(W, placement, "two_buffers", spec_a=spec_a, spec_b=spec_b)
     report(record_property, results, label=f"two buffers {W // R}x{R}")
+
+
+FP32_WIRE = {"HYBRID_EP_COMBINE_WIRE": "fp32"}
+
+
+@pytest.mark.parametrize(
+    "W,placement,R,case",
+    [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}-fp32wire")
+     for N, R, case in MATRIX])
+def test_dispatch_combine_domains_fp32_wire(gpu_pools, record_property, W, placement, R, case):
+    """The matrix with HYBRID_EP_COMBINE_WIRE=fp32: the partials travel unrounded (the oracle,
+    the reference engine under the same variable, and the round trip x * copies follow)."""
+    spec = make_spec(W, **case)
+    spec["R"] = R
+    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
+                            environment=FP32_WIRE, case="dispatch_combine", spec=spec)
+    report(record_property, results, label=f"{W // R}x{R} fp32 wire tokens={spec['tokens']}")
+
+
+@pytest.mark.parametrize(
+    "W,placement,R,extra",
+    [placement_param(N * R, "shared", R,
+                     {"dtype": dtype, "fused": fused, "pad": pad, "budget": budget,
+                      "non_blocking": nb},
+                     id_extra=f"{N}x{R}-{dtype}-{'fused' if fused else 'standalone'}-fp32wire")
+     for N, R, dtype, fused, pad, budget, nb in PERMUTE if dtype == "bf16"])
+def test_permute_domains_fp32_wire(gpu_pools, record_property, W, placement, R, extra):
+    spec = make_spec(W, H=2064, dtype="bf16", form="topk", k=2, E=4, max_tok=96, tag="domains")
+    spec.update(extra, R=R)
+    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
+                            environment=FP32_WIRE, case="permute_combine",
+                            cases_module="gpu_permute_cases", spec=spec)
+    report(record_property, results, label=f"permute {W // R}x{R} fp32 wire")

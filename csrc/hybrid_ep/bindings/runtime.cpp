@@ -57,6 +57,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("combine_pieces", &RuntimeConfig::combine_pieces)
       .def_readwrite("channels", &RuntimeConfig::channels)
       .def_readwrite("fabric", &RuntimeConfig::fabric)
+      .def_readwrite("combine_wire_fp32", &RuntimeConfig::combine_wire_fp32)
       .def_readwrite("transport_options", &RuntimeConfig::transport_options);
 
   py::class_<Runtime>(m, "Runtime")

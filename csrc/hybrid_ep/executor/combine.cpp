@@ -115,7 +115,7 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   p.fp32_input = call.dense_to_expert_map != nullptr;
   p.prob_cols = int(s.prob_cols());
   p.experts_per_rank = c.experts_per_rank;
-  p.chunk = c.combine_chunk;
+  p.chunk = runtime.combine_chunk();
   p.combine_rows = l.combine_rows;
   p.combine_probs = l.combine_probs;
   p.out = call.out;
@@ -127,15 +127,28 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   // probs (all zero) must still be written.
   p.out_probs = call.out_probs;
   if (c.nodes > 1) {
-    // fp32 partials of every forwarded token; keyed on with_probs, not on the output pointer:
-    // a rank without tokens (empty output) still reduces its peers' probs.
+    // Partials of every forwarded token, put to their sources as each chunk is reduced, and
+    // the final sums of this rank's tokens, all in this launch. Keyed on with_probs, not on the
+    // output pointer: a rank without tokens (empty output) still reduces its peers' probs.
     uint8_t* base = runtime.registered();
     p.partial = true;
     p.num_tokens = c.nodes * T;
-    p.out = nullptr;
-    p.out_probs = nullptr;
-    p.partials = reinterpret_cast<float*>(base + l.partials);
-    p.partial_probs = call.with_probs ? reinterpret_cast<float*>(base + l.partial_probs) : nullptr;
+    CombineAcross& a = p.across;
+    a.transport = runtime.transport();
+    a.rdma_to_attn_map = call.rdma_to_attn_map;
+    a.attn_to_rdma_map = call.attn_to_rdma_map;
+    a.max_tokens = T;
+    a.max_chunks = (T + p.chunk - 1) / p.chunk;
+    a.out_tokens = call.num_tokens;
+    a.channels = c.channels;
+    a.bf16_wire = !c.combine_wire_fp32;
+    a.partials = base + l.partials;
+    a.partial_probs = call.with_probs ? reinterpret_cast<float*>(base + l.partial_probs) : nullptr;
+    a.partials_at = l.partials;
+    a.partial_probs_at = l.partial_probs;
+    a.net_partials = l.net_partials;
+    a.net_partial_probs = l.net_partial_probs;
+    a.combine_flags = l.combine_flags;
   }
   // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
   // (or what HYBRID_EP_COMBINE_PIECES asks for, where the hidden size splits so).
@@ -149,29 +162,6 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   }
   p.stages = runtime.combine_stages(combine_stage_bytes(p));
   launch_combine(p, stream);
-  if (c.nodes == 1) return;
-
-  CombineNetworkParams net{};
-  net.domain = barrier.domain;
-  net.transport = runtime.transport();
-  net.rdma_to_attn_map = call.rdma_to_attn_map;
-  net.attn_to_rdma_map = call.attn_to_rdma_map;
-  net.num_tokens = call.num_tokens;
-  net.max_tokens = T;
-  net.hidden = call.hidden_size;
-  net.prob_cols = int(s.prob_cols());
-  net.chunk = c.dispatch_chunk;
-  net.max_chunks = (T + c.dispatch_chunk - 1) / c.dispatch_chunk;
-  net.channels = c.channels;
-  net.with_probs = call.with_probs;
-  net.partials = l.partials;
-  net.partial_probs = l.partial_probs;
-  net.net_partials = l.net_partials;
-  net.net_partial_probs = l.net_partial_probs;
-  net.combine_flags = l.combine_flags;
-  net.out = call.out;
-  net.out_probs = call.out_probs;
-  launch_combine_network(net, c.sms_combine, stream);
 }
 
 }  // namespace hybrid_ep

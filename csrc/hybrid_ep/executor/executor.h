@@ -158,8 +158,9 @@ struct CombineCall {
 };
 
 // Barrier, stage this rank's rows into its registered buffer (a copy, or the fp32 unpermute
-// sums), barrier, pull-and-reduce kernel; with several domains that kernel leaves fp32
-// partials and the network step exchanges and adds them.
+// sums), barrier, pull-and-reduce kernel; with several domains the same kernel rounds each
+// domain's sums to the wire's width, puts each reduced chunk to its tokens' sources and adds
+// the domains' partials of this rank's own tokens as they arrive.
 void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
 // The first step of a combine, taken early so that the caller may write its expert outputs

@@ -12,14 +12,17 @@
 //                  lanes). A piece with a single BF16 copy leaves by one TMA bulk store of its
 //                  stage instead: the lanes never touch it (on one rank, where every token has
 //                  one copy, that made the kernel 2.5x faster than lane stores: 468 -> 185 us).
-// With several domains (`partial`) the sums stay fp32 and go to the partials region, for every
-// forwarded token; kernels/combine_network.cu then exchanges and adds them.
+// With several domains (`partial`) the sums become partials (rounded once to the wire's width)
+// of every forwarded token, and in the same launch network warps put each reduced chunk to its
+// tokens' sources and the reduce warps add the domains' partials of this rank's own tokens
+// (combine_across.cuh).
 // Runs after a domain barrier that guarantees every peer's combine buffer is filled; fused with
 // unpermute (combine_unpermute.cuh), the grid's blocks fill it first (inside one domain every
 // block, with several domains extra blocks) while the loader waits per chunk.
 #include <algorithm>
 #include <cub/warp/warp_scan.cuh>
 
+#include "hybrid_ep/kernels/combine_across.cuh"
 #include "hybrid_ep/kernels/combine_sum.cuh"
 #include "hybrid_ep/kernels/combine_unpermute.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
@@ -32,17 +35,30 @@
 namespace hybrid_ep {
 namespace {
 
+using combine::ChunkItem;
+using combine::ChunkWalk;
+
 // Six: with two-copy tokens the ring holds 8 of them, so 8 warps each waited for its next
 // token's loads to be issued and land after its sum; with fewer, a warp's next token is often in
 // already. 2 ranks x 8 SMs (benchmarks/results/2026-12-01-held-routes.md): 4 warps 251.5 us,
 // 5 236.4, 6 233.5, 7 233.0, 8 237.9; one rank 159.0-165.0, 6 the fastest.
 constexpr int kReduceWarps = 6;
-// The block keeps 9 warps: fused with unpermute, every warp unpermutes first (with 7, the fused
-// op took 248 instead of 216 us at one rank, 1116 instead of 890 at two); the two past the
-// loader and the reduce warps then stop.
-constexpr int kThreads = 32 * 9;
-static_assert(kThreads >= 32 * (1 + kReduceWarps), "a loader warp and the reduce warps");
+// The two warps past the loader and the reduce warps send the reduced chunks between domains
+// (they would be idle otherwise: the block keeps 9 warps because, fused with unpermute, every
+// warp unpermutes first; with 7 the fused op took 248 instead of 216 us at one rank, 1116
+// instead of 890 at two).
+constexpr int kNetworkWarps = 2;
+constexpr int kThreads = 32 * (1 + kReduceWarps + kNetworkWarps);
 constexpr uint32_t kReduceBarrier = 1;
+
+enum class Role { kLoader, kReduce, kNetwork };
+
+__device__ __forceinline__ Role role_of(int warp) {
+  if (warp == 0) return Role::kLoader;
+  return warp <= kReduceWarps ? Role::kReduce : Role::kNetwork;
+}
+__device__ __forceinline__ int reduce_warp_index(int warp) { return warp - 1; }
+__device__ __forceinline__ int network_warp_index(int warp) { return warp - 1 - kReduceWarps; }
 
 __host__ __device__ constexpr int align_up(int v, int a) { return (v + a - 1) / a * a; }
 
@@ -70,7 +86,38 @@ struct Ring {
   // [chunk + 1]: copies of the reduce warps' current chunk before each token (the last entry:
   // all of them), so that a warp finds its pieces' ring positions without walking the others.
   int32_t* starts;
+  // Several domains: chunks the reduce warps have finished (each warp counts each chunk), which
+  // the network warps wait on; and the network warps' run scratch.
+  uint32_t* reduced;
+  TokenRun* runs;
   __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
+};
+
+// The block's shared memory, one plan for the carve and the size: the ring's stages and
+// barriers, then the sources, both roles' routes, the copy counts, the counters and (several
+// domains: `network`) the network warps' runs.
+struct SmemPlan {
+  int stride, stages, ranks, chunk;
+  size_t full, empty, sources, routes, starts, issued, reduced, runs, bytes;
+
+  __host__ __device__ static int run_count(int chunk) { return (chunk + 1) / 2; }
+
+  __host__ __device__ static SmemPlan make(int stride, int stages, int ranks, int chunk,
+                                           bool network) {
+    SmemPlan m{stride, stages, ranks, chunk};
+    m.full = size_t(stride) * stages;
+    m.empty = m.full + sizeof(uint64_t) * stages;
+    m.sources = m.empty + sizeof(uint64_t) * stages;
+    m.routes = m.sources + sizeof(uint8_t*) * ranks;
+    m.starts = m.routes + 2 * sizeof(int32_t) * size_t(chunk) * ranks;
+    m.issued = m.starts + sizeof(int32_t) * size_t(chunk + 1);
+    m.reduced = m.issued + sizeof(uint32_t);
+    m.runs = (m.reduced + sizeof(uint32_t) + 7) / 8 * 8;
+    m.bytes = m.runs + (network ? sizeof(TokenRun) * size_t(run_count(chunk)) * kNetworkWarps : 0);
+    return m;
+  }
+  // Everything but the stages and their barriers.
+  __host__ __device__ size_t reserved() const { return bytes - sources; }
 };
 
 // Where local rank j's staged rows and probs are: its registered combine region, or inside one
@@ -90,19 +137,26 @@ __host__ __device__ inline int piece_bytes(const CombineParams& p) {
   return p.hidden / p.pieces * (p.fp32_input ? 4 : 2);
 }
 
+__host__ __device__ inline SmemPlan smem_plan(const CombineParams& p) {
+  return SmemPlan::make(stage_stride(piece_bytes(p)), p.stages, p.domain.ranks, p.chunk, p.partial);
+}
+
 __device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p) {
+  const SmemPlan m = smem_plan(p);
   Ring ring;
   ring.stages = p.stages;
-  ring.stride = stage_stride(piece_bytes(p));
+  ring.stride = m.stride;
   ring.rows = smem;
-  ring.full = reinterpret_cast<uint64_t*>(smem + size_t(ring.stride) * p.stages);
-  ring.empty = ring.full + p.stages;
-  ring.sources = reinterpret_cast<const uint8_t**>(ring.empty + p.stages);
-  int32_t* routes = reinterpret_cast<int32_t*>(ring.sources + p.domain.ranks);
+  ring.full = reinterpret_cast<uint64_t*>(smem + m.full);
+  ring.empty = reinterpret_cast<uint64_t*>(smem + m.empty);
+  ring.sources = reinterpret_cast<const uint8_t**>(smem + m.sources);
+  int32_t* routes = reinterpret_cast<int32_t*>(smem + m.routes);
   ring.loader_routes = ChunkRoutes{routes, p.domain.ranks};
   ring.reduce_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
-  ring.starts = routes + 2 * p.chunk * p.domain.ranks;
-  ring.issued = reinterpret_cast<uint32_t*>(ring.starts + p.chunk + 1);
+  ring.starts = reinterpret_cast<int32_t*>(smem + m.starts);
+  ring.issued = reinterpret_cast<uint32_t*>(smem + m.issued);
+  ring.reduced = reinterpret_cast<uint32_t*>(smem + m.reduced);
+  ring.runs = reinterpret_cast<TokenRun*>(smem + m.runs);
   return ring;
 }
 
@@ -119,20 +173,21 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, int lane) 
   const uint32_t lanes_before = (1u << lane) - 1;
   uint32_t item = 0;
   RingPos at{0, 0};  // of `item`, the same on every lane
-  const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
-  const auto fetch = [&](HeldRoutes& held, int c) {
-    if (c >= chunks) return held.clear();
-    held.fetch(p.sparse_to_dense_map, c * p.chunk, min((c + 1) * p.chunk, p.num_tokens),
-               p.domain.ranks, lane, 32);
+  const ChunkWalk walk = ChunkWalk::of(p);
+  const auto fetch = [&](HeldRoutes& held, int k) {
+    if (k >= walk.items) return held.clear();
+    const ChunkItem it = walk.at(p, k);
+    held.fetch(p.sparse_to_dense_map, it.first, it.last, p.domain.ranks, lane, 32);
   };
   HeldRoutes next;
-  fetch(next, blockIdx.x);
-  for (int c = blockIdx.x; c < chunks; c += p.combine_blocks) {
-    const int first = c * p.chunk;
-    const int last = min(first + p.chunk, p.num_tokens);
+  fetch(next, 0);
+  for (int k = 0; k < walk.items; ++k) {
+    const ChunkItem chunk = walk.at(p, k);
+    const int first = chunk.first;
+    const int last = chunk.last;
     __syncwarp();  // every lane is done with the previous chunk's routes
     next.put(ring.loader_routes, lane, 32);
-    fetch(next, c + p.combine_blocks);
+    fetch(next, k + 1);
     // After a failed wait the stages are loaded anyway: the reduce warps must finish, and the
     // abort word makes the call report instead of returning what it read.
     if (p.unpermute_blocks > 0 && lane == 0) wait_unpermuted(p, first, last);
@@ -203,7 +258,7 @@ __device__ __forceinline__ float load_prob(const CombineParams& p, const ProbSou
 __device__ __forceinline__ void write_probs(const CombineParams& p, const int32_t* rows, int t,
                                             float early_prob, int thread, int threads) {
   const ProbsRow row = probs_row(p);
-  float* dst = (p.partial ? p.partial_probs : p.out_probs) + int64_t(t) * row.width;
+  float* dst = (p.partial ? p.across.partial_probs : p.out_probs) + int64_t(t) * row.width;
   for (int col = thread; col < row.width; col += threads) {
     dst[col] = col == thread ? early_prob : load_prob(p, prob_source(p, col, row), rows);
   }
@@ -241,7 +296,7 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
   constexpr int kReduceThreads = 32 * kReduceWarps;
   const int piece_cols = p.hidden / p.pieces;
   const int vectors = piece_cols / 8;
-  const bool with_probs = (p.partial ? p.partial_probs : p.out_probs) != nullptr;
+  const bool with_probs = (p.partial ? p.across.partial_probs : p.out_probs) != nullptr;
   // This lane's column of the probs row, found once: per token, the division and the peer
   // table's global load sat in the chain every warp ran before waiting for its copies (ncu).
   const ProbSource lane_prob = prob_source(p, lane, probs_row(p));
@@ -251,21 +306,23 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
   // per unit was another link of that chain).
   RingPos pos{0, 0};
   uint32_t pos_item = 0;
-  const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
-  const auto fetch = [&](HeldRoutes& held, int c) {
-    if (c >= chunks) return held.clear();
-    held.fetch(p.sparse_to_dense_map, c * p.chunk, min((c + 1) * p.chunk, p.num_tokens),
-               p.domain.ranks, thread, kReduceThreads);
+  const ChunkWalk walk = ChunkWalk::of(p);
+  const auto fetch = [&](HeldRoutes& held, int k) {
+    if (k >= walk.items) return held.clear();
+    const ChunkItem it = walk.at(p, k);
+    held.fetch(p.sparse_to_dense_map, it.first, it.last, p.domain.ranks, thread, kReduceThreads);
   };
+  const size_t wire_bytes = p.across.bf16_wire ? 2 : 4;
   HeldRoutes next;
-  fetch(next, blockIdx.x);
-  for (int c = blockIdx.x; c < chunks; c += p.combine_blocks) {
-    const int first = c * p.chunk;
-    const int last = min(first + p.chunk, p.num_tokens);
+  fetch(next, 0);
+  for (int k = 0; k < walk.items; ++k) {
+    const ChunkItem chunk = walk.at(p, k);
+    const int first = chunk.first;
+    const int last = chunk.last;
     ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
     next.put(ring.reduce_routes, thread, kReduceThreads);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
-    fetch(next, c + p.combine_blocks);
+    fetch(next, k + 1);
     if (warp == 0) count_chunk_copies(ring, last - first, lane);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
     const uint32_t in_chunk = uint32_t(ring.starts[last - first]) * p.pieces;
@@ -305,8 +362,13 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       // A single BF16 copy is its own sum: the TMA stores its stage as it is, and the warp holds
       // that stage until the store has read it.
       const bool by_tma = !p.partial && copies == 1 && !p.fp32_input;
-      if (p.partial) {  // several domains: the unrounded fp32 sum
-        sum_to_fp32(st, copies, vectors, p.fp32_input, p.partials + out_at, lane);
+      if (p.partial) {  // several domains: the domain's partial, rounded once to the wire's width
+        uint8_t* dst = p.across.partials + out_at * wire_bytes;
+        if (p.across.bf16_wire) {
+          sum_to_output(st, copies, vectors, p.fp32_input, reinterpret_cast<uint4*>(dst), lane);
+        } else {
+          sum_to_fp32(st, copies, vectors, p.fp32_input, reinterpret_cast<float*>(dst), lane);
+        }
       } else if (by_tma) {
         if (lane == 0) {
           ptx::bulk_store(p.out + out_at, st.at(0), piece_cols * 2);
@@ -329,6 +391,17 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       }
     }
     chunk_item += in_chunk;
+    if (p.partial) {
+      // This warp's partials of the chunk are written: count it done for the network warps.
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence();
+        atomicAdd(ring.reduced, 1u);
+      }
+      if (walk.own(p, k)) {
+        combine::final_sum(p, chunk.c, kReduceBarrier, thread, kReduceThreads);
+      }
+    }
   }
   if (lane == 0) ptx::bulk_wait<0>();  // this warp's bulk stores are done before the kernel ends
 }
@@ -348,6 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
       ptx::mbar_init(&ring.empty[s], 1);
     }
     *ring.issued = 0;
+    *ring.reduced = 0;
     ptx::fence_barrier_init();
   }
   __syncthreads();
@@ -358,10 +432,22 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
     if (block >= 0) unpermute_units(p, block);
     if (int(blockIdx.x) >= p.combine_blocks) return;
   }
-  if (warp == 0) {
-    load_copies(p, ring, threadIdx.x);
-  } else if (warp <= kReduceWarps) {
-    reduce_copies(p, ring, warp - 1, threadIdx.x % 32);
+  const int lane = threadIdx.x % 32;
+  switch (role_of(warp)) {
+    case Role::kLoader:
+      load_copies(p, ring, lane);
+      break;
+    case Role::kReduce:
+      reduce_copies(p, ring, reduce_warp_index(warp), lane);
+      break;
+    case Role::kNetwork:
+      if (p.partial) {
+        const int w = network_warp_index(warp);
+        combine::send_reduced_chunks(p, ChunkWalk::of(p), ring.reduced, kReduceWarps,
+                                     ring.runs + w * SmemPlan::run_count(p.chunk), w, kNetworkWarps,
+                                     lane);
+      }
+      break;
   }
 }
 
@@ -377,21 +463,21 @@ __global__ void advance_unpermute_expected(CombineParams p) {
 
 }  // namespace
 
-// The ring's shared memory, from the same params the kernel carves it with (carve_ring).
+// The ring's shared memory per stage and the rest, from the plan the kernel carves with.
 size_t combine_stage_bytes(const CombineParams& p) {
   return stage_stride(piece_bytes(p)) + 2 * sizeof(uint64_t);
 }
 
-size_t combine_reserved_smem(int chunk, int ranks) {
-  // The sources, both roles' routes, the chunk's copy counts before each token (chunk + 1), the
-  // issue counter.
-  return sizeof(uint8_t*) * size_t(ranks) +
-         (2 * size_t(ranks) + 1) * sizeof(int32_t) * size_t(chunk) + 16;
+size_t combine_reserved_smem(int chunk, int ranks, int nodes) {
+  return SmemPlan::make(0, 0, ranks, chunk, nodes > 1).reserved();
+}
+
+int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk) {
+  return nodes > 1 ? dispatch_chunk : combine_chunk;
 }
 
 void launch_combine(const CombineParams& p, cudaStream_t stream) {
-  const size_t smem =
-      combine_stage_bytes(p) * size_t(p.stages) + combine_reserved_smem(p.chunk, p.domain.ranks);
+  const size_t smem = smem_plan(p).bytes;
   allow_dynamic_smem(reinterpret_cast<const void*>(combine_kernel), smem);
   // Without unpermute blocks this is combine_blocks.
   const int grid = std::max(p.combine_blocks, p.first_unpermute_block + p.unpermute_blocks);

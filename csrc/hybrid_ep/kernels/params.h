@@ -184,8 +184,28 @@ struct FusedUnpermuteParams {
   size_t flags;                 // region offset of unpermute_flags [R, N, C, slices]
 };
 
+// The combine between domains (CombineParams::partial): each forwarded chunk's in-domain sum is
+// one partial per token, rounded once to the wire's width, which network warps put to the
+// token's source as soon as the chunk is reduced; the source adds the partials of every domain
+// (ascending) into its BF16 output as they arrive. docs/multi-domain.md, "Combine".
+struct CombineAcross {
+  TransportContext transport;
+  const bool* rdma_to_attn_map;  // handle entry 1: [ceil16(T), N]
+  const bool* attn_to_rdma_map;  // handle entry 2: [T, N-1]
+  int max_tokens;                // T: forwarded token i = n * T + t
+  int max_chunks;                // chunks per domain (every one is signalled each call)
+  int out_tokens;                // this rank's tokens (output rows)
+  int channels;                  // block b sends on channel b % channels
+  bool bf16_wire;                // partials are BF16 (HYBRID_EP_COMBINE_WIRE=bf16), else fp32
+  uint8_t* partials;             // this rank's [N, T, H] partials (wire dtype), registered
+  float* partial_probs;          // [N, T, E*R] or null
+  size_t partials_at, partial_probs_at;    // their region offsets (the puts' sources)
+  size_t net_partials, net_partial_probs;  // region offsets: [N, T, ...] from each domain
+  size_t combine_flags;                    // region offset: [N, max_chunks]
+};
+
 // With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens
-// (= N*T) into fp32 partial rows and this domain's E*R prob columns, instead of BF16 output.
+// (= N*T) into partials (`across`), and its network warps and final step produce `out`.
 struct CombineParams {
   DomainView domain;
   const int32_t* sparse_to_dense_map;  // [num_tokens, R]
@@ -195,14 +215,13 @@ struct CombineParams {
   bool fp32_input;  // the staged rows are fp32 (unpermuted sums), else BF16
   int prob_cols;    // E*R
   int experts_per_rank;
-  int chunk;
+  int chunk;  // tokens per chunk (with several domains, the dispatch chunk of the flags)
   int stages;
   size_t combine_rows, combine_probs;  // region offsets in the peers
-  uint16_t* out;                       // bf16 [num_tokens, H]
-  float* out_probs;                    // [num_tokens, E_total] or null
+  uint16_t* out;                       // bf16 [tokens of this rank, H]
+  float* out_probs;                    // [tokens of this rank, E_total] or null
   bool partial;
-  float* partials;            // fp32 [num_tokens, H]
-  float* partial_probs;       // fp32 [num_tokens, E*R] or null
+  CombineAcross across;       // used with `partial`
   int combine_blocks;         // blocks that combine (chunk c is block c % combine_blocks's)
   int unpermute_blocks;       // blocks that unpermute (fused); 0 otherwise
   int first_unpermute_block;  // the unpermute blocks are blocks first_unpermute_block, ...
@@ -211,27 +230,6 @@ struct CombineParams {
   // same row index) instead of its registered buffer, which then need not be staged.
   const uint8_t* own_rows;  // bf16 [D, H] or null
   const float* own_probs;   // [D, E*R] or null
-};
-
-// Combine's network step (several domains): this rank sends the partial sums of its peers'
-// tokens back to them (runs per chunk, one signal per chunk and domain), then adds, per token
-// of its own, the partials of every domain in ascending order into the BF16 output.
-struct CombineNetworkParams {
-  DomainView domain;
-  TransportContext transport;
-  const bool* rdma_to_attn_map;  // handle entry 1: [ceil16(T), N]
-  const bool* attn_to_rdma_map;  // handle entry 2: [T, N-1]
-  int num_tokens;                // this rank's tokens (output rows)
-  int max_tokens;                // T
-  int hidden;
-  int prob_cols;  // E*R
-  int chunk;
-  int max_chunks;
-  int channels;
-  bool with_probs;
-  size_t partials, partial_probs, net_partials, net_partial_probs, combine_flags;
-  uint16_t* out;     // bf16 [num_tokens, H]
-  float* out_probs;  // [num_tokens, N * E*R] or null
 };
 
 // Permute: output row o of the expert-major layout gathers dispatch row i for expert e, where
@@ -317,7 +315,10 @@ size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
 bool dispatch_side_data_by_tma(const DispatchParams& p);
 // Per stage for p's pieces, input type and probs; and the rest of the kernel's shared memory.
 size_t combine_stage_bytes(const CombineParams& p);
-size_t combine_reserved_smem(int chunk, int ranks);
+size_t combine_reserved_smem(int chunk, int ranks, int nodes);
+// The combine kernel's chunk: the dispatch chunk with several domains (its flags and runs are
+// per dispatch chunk), else the combine chunk.
+int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
@@ -329,7 +330,6 @@ void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stre
 void launch_restripe(const RestripeParams& p, cudaStream_t stream);
 // Up to 2 blocks per SM of `sms`.
 void launch_segment_copy(const SegmentCopyParams& p, int sms, cudaStream_t stream);
-void launch_combine_network(const CombineNetworkParams& p, int blocks, cudaStream_t stream);
 void launch_metadata(const MetadataParams& p, int blocks, cudaStream_t stream);
 // max(dispatch_blocks, first_permute_block + permute_blocks) blocks; with permute blocks, then
 // the counter advance.

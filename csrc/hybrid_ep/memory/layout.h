@@ -19,6 +19,7 @@ struct BufferShape {
   int64_t max_row_bytes;     // bytes of one hidden row at the widest dtype (BF16: 2 * H)
   int64_t max_scale_cols;    // FP8 scaling factors per row (H / 128)
   int64_t dispatch_chunk;    // tokens per dispatch chunk
+  int64_t partial_bytes;     // bytes per value of the combine's partials between domains (2, 4)
 
   int64_t experts_total() const { return experts_per_rank * world; }
   int64_t prob_cols() const { return experts_per_rank * ranks; }  // one domain's columns
@@ -51,9 +52,9 @@ struct BufferLayout {
   size_t restriped_probs;    // fp32 [N, T, E*R]: this rank's probs, destination-major
   size_t staged_rows;        // [T, row bytes]: this rank's rows, for registered-source puts
   size_t staged_scales;      // fp32 [T, H/128]
-  size_t partials;           // fp32 [N, T, H]: combine sums of this domain per forwarded token
+  size_t partials;           // [N, T, H] of partial_bytes: this domain's sums per forwarded token
   size_t partial_probs;      // fp32 [N, T, E*R]
-  size_t net_partials;       // fp32 [N, T, H]: partial sums of this rank's tokens from domain n
+  size_t net_partials;       // [N, T, H]: partial sums of this rank's tokens from domain n
   size_t net_partial_probs;  // fp32 [N, T, E*R]
   size_t barrier_flags;      // uint64 [R]: one per sending local rank (barrier, all-gather)
   size_t forward_flags;      // uint64 [R]: the other domains' maps forwarded by local rank j
@@ -97,9 +98,9 @@ struct BufferLayout {
     const size_t own = s.nodes() > 1 ? size_t(s.max_tokens) : 0;
     l.staged_rows = take(own * s.max_row_bytes);
     l.staged_scales = take(own * s.max_scale_cols * sizeof(float));
-    l.partials = take(tiles * hidden * sizeof(float));
+    l.partials = take(tiles * hidden * size_t(s.partial_bytes));
     l.partial_probs = take(tiles * prob_row);
-    l.net_partials = take(tiles * hidden * sizeof(float));
+    l.net_partials = take(tiles * hidden * size_t(s.partial_bytes));
     l.net_partial_probs = take(tiles * prob_row);
     l.flags_begin = at;
     l.barrier_flags = take(sizeof(uint64_t) * s.ranks);

@@ -30,7 +30,8 @@ BufferShape shape_of(const RuntimeConfig& config) {
                      config.max_tokens,
                      int64_t(config.hidden) * 2,
                      config.hidden / 128,
-                     config.dispatch_chunk};
+                     config.dispatch_chunk,
+                     config.combine_wire_fp32 ? 4 : 2};
 }
 
 }  // namespace
@@ -183,12 +184,13 @@ int Runtime::dispatch_stages(size_t stage_bytes) const {
 int Runtime::combine_stages(size_t stage) const {
   // A piece's copies (up to one per local rank) must fit at once, plus room to prefetch.
   return ring_stages(std::max(config_.stages_combine, config_.ranks + 1), config_.ranks, stage,
-                     combine_reserved_smem(config_.combine_chunk, config_.ranks), smem_limit_);
+                     combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes),
+                     smem_limit_);
 }
 
 bool Runtime::combine_fits(size_t stage) const {
-  const size_t usable =
-      size_t(smem_limit_) - combine_reserved_smem(config_.combine_chunk, config_.ranks) - 1024;
+  const size_t usable = size_t(smem_limit_) -
+                        combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes) - 1024;
   return usable / stage >= size_t(config_.ranks) + 1;
 }
 

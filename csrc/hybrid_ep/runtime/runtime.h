@@ -39,6 +39,9 @@ struct RuntimeConfig {
   int combine_pieces = 0;  // column pieces of a combine row; 0: automatic
   int channels = 1;        // transport channels per peer (HYBRID_EP_NUM_CHANNELS)
   bool fabric = false;     // cuMem fabric handles (multi-node NVLink)
+  // HYBRID_EP_COMBINE_WIRE=fp32: the combine's partials between domains travel as fp32 (else
+  // BF16, each domain's partial rounded once).
+  bool combine_wire_fp32 = false;
   // The transport backend's settings (TransportSetup::options), filled by the Python layer.
   std::map<std::string, std::string> transport_options;
 };
@@ -108,6 +111,10 @@ class Runtime {
   int combine_stages(size_t stage_bytes) const;
   // Whether stages of `stage_bytes` leave room for every copy of a piece plus one prefetch.
   bool combine_fits(size_t stage_bytes) const;
+  // Tokens per chunk of the combine kernel (combine_chunk_of).
+  int combine_chunk() const {
+    return combine_chunk_of(config_.nodes, config_.dispatch_chunk, config_.combine_chunk);
+  }
 
  private:
   RuntimeConfig config_;

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .. import oracle
+from ..config import EnvSettings
 from . import mps
 from .config import GpuBenchConfig, make_routing, make_tokens
 from .spawn import run_ranks
@@ -117,7 +118,8 @@ def _verify(cfg: DomainBenchConfig, out: dict, tokens: dict, rank: int, group) -
     oracle.assert_same("dispatch_fp8 scales", out["dispatch_fp8"][2], want8[2])
     combined, combined_probs = out["combine_bf16"]
     oracle.assert_same("combine rows", combined, oracle.expected_combine_of_dispatch(
-        tokens["hidden"], out["routing_map"], cfg.experts_per_rank))
+        tokens["hidden"], out["routing_map"], cfg.experts_per_rank, cfg.ranks // cfg.nodes,
+        EnvSettings.read().combine_wire))
     oracle.assert_same("combine probs", combined_probs, out["probs"])
     return list(DOMAIN_OPS)
 

@@ -20,12 +20,13 @@ class ReferenceEngine:
     name = "reference"
 
     def __init__(self, group, topo: Topology, experts_per_rank: int, rendezvous,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, combine_wire: str = "bf16"):
         # Every collective of a call is bounded by HYBRID_EP_TIMEOUT_S (comm.CallGroup).
         self.group = CallGroup(group, timeout_s)
         self.topo = topo
         self.experts = experts_per_rank
         self.rendezvous = rendezvous
+        self.combine_wire = combine_wire  # HYBRID_EP_COMBINE_WIRE: partials between domains
         self._largest_tokens = None  # of the call under way, from its agreement
 
     # -- the agreement every call starts with --------------------------------------------------
@@ -100,6 +101,10 @@ class ReferenceEngine:
         """``hidden`` [D, H] (any float dtype, summed in fp32), ``probs`` fp32 [D, E*R]."""
         s2d = layout.sparse_to_dense_map
         partial = movement.reduce_in_domain(hidden.float(), s2d, self.topo, self.group)
+        if self.topo.num_of_nodes > 1 and self.combine_wire == "bf16":
+            # Each domain's partial is rounded once to BF16 before it crosses the network, then
+            # the source sums the domains' partials in fp32 (docs/semantics.md, combine).
+            partial = partial.to(torch.bfloat16).float()
         combined = movement.return_to_source(partial, layout.rdma_to_attn_map, tokens,
                                              num_tokens, self.topo, self.group)
         combined_probs = None

@@ -1,0 +1,231 @@
+// Combine between NVLink domains (CombineParams::partial; docs/multi-domain.md, "Combine"), in
+// the one persistent combine grid. Block b walks its chunks of the forwarded token space domain
+// by domain: the other domains' first (their partials leave over the network), this rank's own
+// last (their final sums need the other domains' partials, which arrive meanwhile).
+//   reduce warps  (combine.cu): each token's in-domain sum becomes a partial, rounded once to
+//                  the wire's width (BF16 by default, fp32 on request), and the warp counts the
+//                  chunk done;
+//   network warps (send_reduced_chunks): as soon as a chunk of another domain is reduced, one
+//                  put per run of the tokens that came here (partials, then their probs) to
+//                  that domain's peer, and one signal per (chunk, peer), also when nothing came;
+//   final sum     (final_sum, by the reduce warps after each own chunk): once every other
+//                  domain's flag of the chunk is in, the BF16 output is the fp32 sum, in
+//                  ascending domain order, of the partials of the domains the token went to;
+//                  combined_probs takes each domain's E*R columns from that domain's partial.
+#pragma once
+
+#include <cstdint>
+
+#include "hybrid_ep/kernels/common/bf16.cuh"
+#include "hybrid_ep/kernels/common/domains.cuh"
+#include "hybrid_ep/kernels/common/flags.cuh"
+#include "hybrid_ep/kernels/network_send.cuh"
+#include "hybrid_ep/kernels/params.h"
+
+namespace hybrid_ep {
+namespace combine {
+
+// A chunk of the forwarded token space: tokens [first, last) (n * T + t with several
+// domains), chunk c of domain `node`.
+struct ChunkItem {
+  int node;
+  int c;
+  int first, last;
+};
+
+// The chunks block blockIdx.x walks, in the order every role of the block walks them.
+struct ChunkWalk {
+  int items;       // of this block
+  int per_domain;  // with several domains: this block's chunks of each domain
+
+  __device__ static ChunkWalk of(const CombineParams& p) {
+    const int b = blockIdx.x, blocks = p.combine_blocks;
+    if (!p.partial) {
+      const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
+      return {max(0, (chunks - b + blocks - 1) / blocks), 0};
+    }
+    const int per = max(0, (p.across.max_chunks - b + blocks - 1) / blocks);
+    return {p.domain.nodes * per, per};
+  }
+
+  __device__ ChunkItem at(const CombineParams& p, int k) const {
+    const int b = blockIdx.x, blocks = p.combine_blocks;
+    if (!p.partial) {
+      const int c = b + k * blocks;
+      const int first = c * p.chunk;
+      return {p.domain.node_rank, c, first, min(first + p.chunk, p.num_tokens)};
+    }
+    const int node = (p.domain.node_rank + 1 + k / per_domain) % p.domain.nodes;
+    const int c = b + (k % per_domain) * blocks;
+    const int T = p.across.max_tokens;
+    return {node, c, node * T + c * p.chunk, node * T + min((c + 1) * p.chunk, T)};
+  }
+
+  // Items k < sent() are other domains' chunks, whose partials go over the network.
+  __device__ int sent(const CombineParams& p) const {
+    return p.partial ? (p.domain.nodes - 1) * per_domain : 0;
+  }
+  __device__ bool own(const CombineParams& p, int k) const { return p.partial && k >= sent(p); }
+};
+
+__host__ __device__ __forceinline__ size_t partial_row_bytes(const CombineParams& p) {
+  return size_t(p.hidden) * (p.across.bf16_wire ? 2 : 4);
+}
+
+// Network warp `w` of `warps`: this block's chunks of other domains w, w + warps, ..., each
+// once every one of the block's `reduce_warps` has counted it done in `reduced` (they finish
+// chunks in order).
+__device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, const ChunkWalk& walk,
+                                                    const volatile uint32_t* reduced,
+                                                    int reduce_warps, TokenRun* runs, int w,
+                                                    int warps, int lane) {
+  const CombineAcross& a = p.across;
+  const DomainView& d = p.domain;
+  const int T = a.max_tokens;
+  const int channel = blockIdx.x % a.channels;
+  const size_t row_bytes = partial_row_bytes(p);
+  const size_t prob_bytes = size_t(p.prob_cols) * sizeof(float);
+  const size_t tile = size_t(d.node_rank) * T;  // where this domain's partials land at a peer
+  const uint8_t* self = d.self();
+  for (int k = w; k < walk.sent(p); k += warps) {
+    const ChunkItem it = walk.at(p, k);
+    while (*reduced < uint32_t(reduce_warps * (k + 1)) && !d.aborted()) __nanosleep(64);
+    __threadfence();  // the partials the reduce warps wrote, before this warp reads them
+    const bool* came = a.rdma_to_attn_map + it.node;
+    const auto selected = [&](int t) { return came[int64_t(t) * d.nodes]; };
+    const size_t from = size_t(it.node) * T;  // the peer's tokens in this rank's partials
+    const NetTensor tensors[kMaxNetTensors] = {
+        {self + a.partials_at + from * row_bytes, a.net_partials + tile * row_bytes,
+         int(row_bytes)},
+        {self + a.partial_probs_at + from * prob_bytes, a.net_partial_probs + tile * prob_bytes,
+         a.partial_probs != nullptr ? int(prob_bytes) : 0},
+        {nullptr, 0, 0}};
+    const size_t flag =
+        a.combine_flags + sizeof(uint64_t) * (size_t(d.node_rank) * a.max_chunks + size_t(it.c));
+    send_chunk(a.transport, channel, it.node, selected, it.first - int(from), it.last - int(from),
+               tensors, flag, runs, lane);
+  }
+  TransportDevice::flush(a.transport, channel, lane);  // the partials are rewritten next call
+}
+
+// Whether token t of this rank has a partial from domain n: whether it went there.
+__device__ __forceinline__ bool partial_present(const CombineParams& p, int n, int t) {
+  const DomainView& d = p.domain;
+  if (n == d.node_rank) return p.across.rdma_to_attn_map[int64_t(t) * d.nodes + n];
+  return p.across.attn_to_rdma_map[int64_t(t) * (d.nodes - 1) + other_domain_index(n, d.node_rank)];
+}
+
+// Domain n's partial row of this rank's token t: this domain's own (written by this block), or
+// what domain n's peer put here.
+__device__ __forceinline__ const uint8_t* partial_row(const CombineParams& p, int n, int t,
+                                                      size_t width) {
+  const CombineAcross& a = p.across;
+  const size_t at = (size_t(n) * a.max_tokens + t) * width;
+  if (n == p.domain.node_rank) return a.partials + at;
+  return p.domain.self() + a.net_partials + at;
+}
+
+__device__ __forceinline__ const float* partial_probs_row(const CombineParams& p, int n, int t) {
+  const CombineAcross& a = p.across;
+  const size_t at = (size_t(n) * a.max_tokens + t) * p.prob_cols;
+  if (n == p.domain.node_rank) return a.partial_probs + at;
+  return reinterpret_cast<const float*>(p.domain.self() + a.net_partial_probs) + at;
+}
+
+// Items of (token, 8-column vector), kItems per thread and round with all loads issued before
+// the adds: one token at a time left each domain's loads waiting on the previous domain's.
+constexpr int kFinalItems = 4;
+
+template <bool kBf16>
+__device__ __forceinline__ void load_vector(const uint8_t* row, int v, float (&x)[8]) {
+  if constexpr (kBf16) {
+    float zero[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    accumulate(zero, reinterpret_cast<const uint4*>(row)[v]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = zero[k];
+  } else {
+    const float4 a = reinterpret_cast<const float4*>(row)[2 * v];
+    const float4 b = reinterpret_cast<const float4*>(row)[2 * v + 1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  }
+}
+
+// The BF16 output rows of this rank's tokens [first, last): the fp32 sum, in ascending domain
+// order, of the partials present (`thread` of `threads`).
+template <bool kBf16>
+__device__ void sum_partials(const CombineParams& p, int first, int last, int thread, int threads) {
+  const int nodes = p.domain.nodes;
+  const int vectors = p.hidden / 8;
+  const size_t width = partial_row_bytes(p);
+  const int total = (last - first) * vectors;
+  for (int base = thread; base < total; base += kFinalItems * threads) {
+    float acc[kFinalItems][8];
+#pragma unroll
+    for (int u = 0; u < kFinalItems; ++u) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[u][k] = 0.f;
+    }
+    for (int n = 0; n < nodes; ++n) {
+      float x[kFinalItems][8];
+      bool here[kFinalItems];
+#pragma unroll
+      for (int u = 0; u < kFinalItems; ++u) {
+        const int item = base + u * threads;
+        const int t = first + item / vectors;
+        here[u] = item < total && partial_present(p, n, t);
+        if (here[u]) load_vector<kBf16>(partial_row(p, n, t, width), item % vectors, x[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kFinalItems; ++u) {
+        if (!here[u]) continue;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[u][k] += x[u][k];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kFinalItems; ++u) {
+      const int item = base + u * threads;
+      if (item >= total) continue;
+      const int t = first + item / vectors;
+      reinterpret_cast<uint4*>(p.out + int64_t(t) * p.hidden)[item % vectors] = to_bf16(acc[u]);
+    }
+  }
+  if (p.out_probs == nullptr) return;
+  const int cols = nodes * p.prob_cols;
+  for (int item = thread; item < (last - first) * cols; item += threads) {
+    const int t = first + item / cols;
+    const int col = item % cols;
+    const int n = col / p.prob_cols;
+    const float value = partial_present(p, n, t) && p.across.partial_probs != nullptr
+                            ? partial_probs_row(p, n, t)[col % p.prob_cols]
+                            : 0.f;
+    p.out_probs[int64_t(t) * cols + col] = value;
+  }
+}
+
+// The reduce warps (`thread` of `threads`, named barrier `barrier`) after writing the partials
+// of this rank's own chunk c: wait for the other domains' partials of the chunk (one thread per
+// domain moves its consumer counter), then the final sums of the chunk's tokens.
+__device__ __forceinline__ void final_sum(const CombineParams& p, int c, uint32_t barrier,
+                                          int thread, int threads) {
+  const CombineAcross& a = p.across;
+  const DomainView& d = p.domain;
+  ptx::named_barrier(barrier, threads);  // every partial of the chunk is written
+  if (thread < d.nodes - 1) {
+    const int n = other_domain(thread, d.node_rank);
+    const size_t slot = a.combine_flags + sizeof(uint64_t) * (size_t(n) * a.max_chunks + c);
+    wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
+              WaitSite::kNetworkCombine, n, c);
+  }
+  ptx::named_barrier(barrier, threads);  // after a timeout the sums are garbage (buffer unusable)
+  const int first = min(c * p.chunk, a.out_tokens);
+  const int last = min(first + p.chunk, a.out_tokens);
+  if (a.bf16_wire) {
+    sum_partials<true>(p, first, last, thread, threads);
+  } else {
+    sum_partials<false>(p, first, last, thread, threads);
+  }
+}
+
+}  // namespace combine
+}  // namespace hybrid_ep
