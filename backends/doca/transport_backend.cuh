@@ -74,6 +74,14 @@ struct TransportDevice {
     if (batch != nullptr && batch->count > 0) doca_device::drain(ctx, batch, nullptr, true, lane);
     doca_device::wait_completions(ctx, channel, lane);
   }
+
+  // Peers are behind a NIC: never mapped, so count_stored is never called.
+  __device__ static uint8_t* mapped(const TransportContext&, int) { return nullptr; }
+
+  __device__ static void count_stored(const TransportContext& ctx, int channel, size_t bytes,
+                                      int lane) {
+    count_put(ctx.counters, channel, bytes, lane);
+  }
 };
 
 }  // namespace hybrid_ep

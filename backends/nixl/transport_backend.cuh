@@ -113,6 +113,15 @@ struct TransportDevice {
     if (slot != nullptr && slot->channel == channel) nixl_device::complete(ctx, slot, lane);
     __syncwarp();
   }
+
+  __device__ static uint8_t* mapped(const TransportContext& ctx, int node) {
+    return ctx.mapped[node];
+  }
+
+  __device__ static void count_stored(const TransportContext& ctx, int channel, size_t bytes,
+                                      int lane) {
+    count_put(ctx.counters, channel, bytes, lane);
+  }
 };
 
 }  // namespace hybrid_ep

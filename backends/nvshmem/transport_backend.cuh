@@ -61,6 +61,15 @@ struct TransportDevice {
     if (ctx.posts && lane == 0) nvshmem_quiet();
     __syncwarp();
   }
+
+  __device__ static uint8_t* mapped(const TransportContext& ctx, int node) {
+    return ctx.mapped[node];
+  }
+
+  __device__ static void count_stored(const TransportContext& ctx, int channel, size_t bytes,
+                                      int lane) {
+    count_put(ctx.counters, channel, bytes, lane);
+  }
 };
 
 }  // namespace hybrid_ep

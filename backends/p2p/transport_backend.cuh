@@ -24,6 +24,15 @@ struct TransportDevice {
   }
 
   __device__ static void flush(const TransportContext&, int, int) { __syncwarp(); }
+
+  __device__ static uint8_t* mapped(const TransportContext& ctx, int node) {
+    return ctx.node_bases[node];
+  }
+
+  __device__ static void count_stored(const TransportContext& ctx, int channel, size_t bytes,
+                                      int lane) {
+    count_put(ctx.counters, channel, bytes, lane);
+  }
 };
 
 }  // namespace hybrid_ep

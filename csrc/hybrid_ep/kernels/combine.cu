@@ -253,12 +253,11 @@ __device__ __forceinline__ float load_prob(const CombineParams& p, const ProbSou
   return __ldcg(from.src + int64_t(rows[from.rank]) * p.prob_cols + from.local);
 }
 
-// The probs row of token t: each receiving rank's own E columns, zeros elsewhere.
+// The probs row `dst` of a token: each receiving rank's own E columns, zeros elsewhere.
 // `early_prob`: column `thread`'s, loaded before the wait.
-__device__ __forceinline__ void write_probs(const CombineParams& p, const int32_t* rows, int t,
+__device__ __forceinline__ void write_probs(const CombineParams& p, const int32_t* rows, float* dst,
                                             float early_prob, int thread, int threads) {
   const ProbsRow row = probs_row(p);
-  float* dst = (p.partial ? p.across.partial_probs : p.out_probs) + int64_t(t) * row.width;
   for (int col = thread; col < row.width; col += threads) {
     dst[col] = col == thread ? early_prob : load_prob(p, prob_source(p, col, row), rows);
   }
@@ -326,6 +325,9 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
     if (warp == 0) count_chunk_copies(ring, last - first, lane);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
     const uint32_t in_chunk = uint32_t(ring.starts[last - first]) * p.pieces;
+    // Several domains: where this chunk's partials go (a mapped peer's tile, or here).
+    const combine::PartialTarget target =
+        p.partial ? combine::partial_target(p, chunk) : combine::PartialTarget{};
     // The loader's order: token by token, each token's pieces, each piece's copies.
     for (int unit = warp; unit < (last - first) * p.pieces; unit += kReduceWarps) {
       const int at = p.pieces == 1 ? unit : unit / p.pieces;  // the token's index in the chunk
@@ -363,7 +365,8 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       // that stage until the store has read it.
       const bool by_tma = !p.partial && copies == 1 && !p.fp32_input;
       if (p.partial) {  // several domains: the domain's partial, rounded once to the wire's width
-        uint8_t* dst = p.across.partials + out_at * wire_bytes;
+        const int64_t at = int64_t(t - target.first_token) * p.hidden + int64_t(piece) * piece_cols;
+        uint8_t* dst = target.rows + at * wire_bytes;
         if (p.across.bf16_wire) {
           sum_to_output(st, copies, vectors, p.fp32_input, reinterpret_cast<uint4*>(dst), lane);
         } else {
@@ -384,7 +387,11 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
       }
       __syncwarp();  // every lane is done reading the stages
       if (lane == 0) release_stages(ring, st.first, 0, by_tma ? 0 : copies);
-      if (probs_here) write_probs(p, rows, t, early_prob, lane, 32);
+      if (probs_here) {
+        float* dst = p.partial ? target.probs + int64_t(t - target.first_token) * p.prob_cols
+                               : p.out_probs + int64_t(t) * probs_row(p).width;
+        write_probs(p, rows, dst, early_prob, lane, 32);
+      }
       if (lane == 0 && by_tma) {
         ptx::bulk_wait_read<0>();  // the bulk store has read the stage
         release_stages(ring, st.first, 0, 1);
@@ -392,12 +399,11 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, int warp
     }
     chunk_item += in_chunk;
     if (p.partial) {
-      // This warp's partials of the chunk are written: count it done for the network warps.
+      // This warp's partials of the chunk are written (maybe into a peer, in another process):
+      // count it done for the network warps, whose signal publishes them.
+      __threadfence_system();
       __syncwarp();
-      if (lane == 0) {
-        __threadfence();
-        atomicAdd(ring.reduced, 1u);
-      }
+      if (lane == 0) atomicAdd(ring.reduced, 1u);
       if (walk.own(p, k)) {
         combine::final_sum(p, chunk.c, kReduceBarrier, thread, kReduceThreads);
       }

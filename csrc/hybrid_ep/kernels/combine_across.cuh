@@ -4,10 +4,12 @@
 // last (their final sums need the other domains' partials, which arrive meanwhile).
 //   reduce warps  (combine.cu): each token's in-domain sum becomes a partial, rounded once to
 //                  the wire's width (BF16 by default, fp32 on request), and the warp counts the
-//                  chunk done;
+//                  chunk done. A partial for a peer mapped into this process (one host, NVLink:
+//                  TransportDevice::mapped) is stored straight into that peer's receive tile;
 //   network warps (send_reduced_chunks): as soon as a chunk of another domain is reduced, one
 //                  put per run of the tokens that came here (partials, then their probs) to
-//                  that domain's peer, and one signal per (chunk, peer), also when nothing came;
+//                  that domain's peer -- for a mapped peer, whose data is there already, only
+//                  counted -- and one signal per (chunk, peer), also when nothing came;
 //   final sum     (final_sum, by the reduce warps after each own chunk): once every other
 //                  domain's flag of the chunk is in, the BF16 output is the fp32 sum, in
 //                  ascending domain order, of the partials of the domains the token went to;
@@ -91,6 +93,7 @@ __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, cons
     const ChunkItem it = walk.at(p, k);
     while (*reduced < uint32_t(reduce_warps * (k + 1)) && !d.aborted()) __nanosleep(64);
     __threadfence();  // the partials the reduce warps wrote, before this warp reads them
+    const bool stored = TransportDevice::mapped(a.transport, it.node) != nullptr;
     const bool* came = a.rdma_to_attn_map + it.node;
     const auto selected = [&](int t) { return came[int64_t(t) * d.nodes]; };
     const size_t from = size_t(it.node) * T;  // the peer's tokens in this rank's partials
@@ -103,9 +106,31 @@ __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, cons
     const size_t flag =
         a.combine_flags + sizeof(uint64_t) * (size_t(d.node_rank) * a.max_chunks + size_t(it.c));
     send_chunk(a.transport, channel, it.node, selected, it.first - int(from), it.last - int(from),
-               tensors, flag, runs, lane);
+               tensors, flag, runs, lane, stored);
   }
   TransportDevice::flush(a.transport, channel, lane);  // the partials are rewritten next call
+}
+
+// Where the reduce warps write the partials of chunk `it`: for another domain's peer mapped into
+// this process its receive tile (the put is then only counted), else this rank's partials.
+struct PartialTarget {
+  uint8_t* rows;  // row of forwarded token i at rows + (i - first_token) * partial_row_bytes
+  float* probs;   // likewise, prob_cols each; null without probs
+  int first_token;
+};
+
+__device__ __forceinline__ PartialTarget partial_target(const CombineParams& p,
+                                                        const ChunkItem& it) {
+  const CombineAcross& a = p.across;
+  const DomainView& d = p.domain;
+  const size_t row_bytes = partial_row_bytes(p);
+  uint8_t* peer = it.node == d.node_rank ? nullptr : TransportDevice::mapped(a.transport, it.node);
+  if (peer == nullptr) return {a.partials, a.partial_probs, 0};
+  const size_t tile = size_t(d.node_rank) * a.max_tokens;  // this domain's rows at the peer
+  float* probs = a.partial_probs == nullptr
+                     ? nullptr
+                     : reinterpret_cast<float*>(peer + a.net_partial_probs) + tile * p.prob_cols;
+  return {peer + a.net_partials + tile * row_bytes, probs, it.node * a.max_tokens};
 }
 
 // Whether token t of this rank has a partial from domain n: whether it went there.

@@ -21,12 +21,14 @@ struct NetTensor {
 
 constexpr int kMaxNetTensors = 3;  // rows, probs (restriped), FP8 scales
 
-// Called by all lanes of one warp; `runs` is that warp's scratch (see build_token_runs).
+// Called by all lanes of one warp; `runs` is that warp's scratch (see build_token_runs). With
+// `stored` the data is in the peer already (the kernel stored it into the mapped peer): the
+// runs are only counted as the puts they stand for, then signalled.
 template <class Selected>
 __device__ void send_chunk(const TransportContext& ctx, int channel, int node,
                            const Selected& selected, int first, int last,
                            const NetTensor (&tensors)[kMaxNetTensors], size_t flag_offset,
-                           TokenRun* runs, int lane) {
+                           TokenRun* runs, int lane, bool stored = false) {
   const int count = build_token_runs(selected, first, last, runs, lane);
   for (int r = 0; r < count; ++r) {
     const TokenRun run = runs[r];
@@ -35,8 +37,12 @@ __device__ void send_chunk(const TransportContext& ctx, int channel, int node,
       const NetTensor& x = tensors[k];
       if (x.width == 0) continue;
       const size_t at = size_t(run.start) * x.width;
-      TransportDevice::put(ctx, channel, node, x.remote + at, x.src + at,
-                           size_t(run.length) * x.width, lane);
+      const size_t bytes = size_t(run.length) * x.width;
+      if (stored) {
+        TransportDevice::count_stored(ctx, channel, bytes, lane);
+      } else {
+        TransportDevice::put(ctx, channel, node, x.remote + at, x.src + at, bytes, lane);
+      }
     }
   }
   TransportDevice::signal(ctx, channel, node, flag_offset, 1, lane);

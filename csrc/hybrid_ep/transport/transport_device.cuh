@@ -11,6 +11,12 @@
 //       same peer. Counts one signal.
 //   flush(ctx, channel, lane)
 //       Returns when the sources of this warp's earlier puts on the channel may be reused.
+//   mapped(ctx, node) -> uint8_t*
+//       The peer of domain `node`'s registered buffer where it is mapped into this process (its
+//       memory is reachable by plain stores: one host, NVLink), else null. Any thread.
+//   count_stored(ctx, channel, bytes, lane)
+//       Counts one put of `bytes` whose data the kernel stored into the mapped peer itself, so
+//       that the counters mean the same whether or not a peer is mapped.
 //
 // Waiting for a flag is a plain acquire load of local memory and belongs to the kernels
 // (kernels/common/flags.cuh). Kernels name no backend: they use TransportDevice.
