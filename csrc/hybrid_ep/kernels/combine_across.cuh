@@ -10,15 +10,18 @@
 //                  put per run of the tokens that came here (partials, then their probs) to
 //                  that domain's peer -- for a mapped peer, whose data is there already, only
 //                  counted -- and one signal per (chunk, peer), also when nothing came;
-//   final sum     (final_sum, by the reduce warps after each own chunk): once every other
-//                  domain's flag of the chunk is in, the BF16 output is the fp32 sum, in
-//                  ascending domain order, of the partials of the domains the token went to;
-//                  combined_probs takes each domain's E*R columns from that domain's partial.
+//   final pass    (combine.cu, the loader and reduce warps again, through the same ring): per
+//                  own chunk, once this block's partials of it are written and every other
+//                  domain's flag of it is in, the loader TMA-loads each token's partials of
+//                  the domains it went to, and the reduce warps add them in fp32 in ascending
+//                  domain order into the BF16 output; combined_probs takes each domain's E*R
+//                  columns from that domain's partial.
 #pragma once
 
 #include <cstdint>
 
 #include "hybrid_ep/kernels/common/bf16.cuh"
+#include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/network_send.cuh"
@@ -140,115 +143,78 @@ __device__ __forceinline__ bool partial_present(const CombineParams& p, int n, i
   return p.across.attn_to_rdma_map[int64_t(t) * (d.nodes - 1) + other_domain_index(n, d.node_rank)];
 }
 
-// Domain n's partial row of this rank's token t: this domain's own (written by this block), or
-// what domain n's peer put here.
-__device__ __forceinline__ const uint8_t* partial_row(const CombineParams& p, int n, int t,
-                                                      size_t width) {
-  const CombineAcross& a = p.across;
-  const size_t at = (size_t(n) * a.max_tokens + t) * width;
-  if (n == p.domain.node_rank) return a.partials + at;
-  return p.domain.self() + a.net_partials + at;
+// Where the final pass reads domain n's partials of this rank's tokens: this domain's own
+// (written by this block's first pass), or what domain n's peer put here. Row of token t:
+// n * T + t.
+__device__ __forceinline__ const uint8_t* partial_source(const CombineParams& p, int n) {
+  if (n == p.domain.node_rank) return p.across.partials;
+  return p.domain.self() + p.across.net_partials;
 }
 
-__device__ __forceinline__ const float* partial_probs_row(const CombineParams& p, int n, int t) {
-  const CombineAcross& a = p.across;
-  const size_t at = (size_t(n) * a.max_tokens + t) * p.prob_cols;
-  if (n == p.domain.node_rank) return a.partial_probs + at;
-  return reinterpret_cast<const float*>(p.domain.self() + a.net_partial_probs) + at;
+// Own chunk k of the final pass: chunk c = blockIdx.x + k * blocks of this rank's tokens
+// [first, last) (empty past its tokens; its flags are consumed all the same).
+struct OwnChunk {
+  int c;
+  int first, last;
+};
+
+__device__ __forceinline__ OwnChunk own_chunk(const CombineParams& p, int k) {
+  const int c = int(blockIdx.x) + k * p.combine_blocks;
+  const int first = min(c * p.chunk, p.across.out_tokens);
+  return {c, first, min(first + p.chunk, p.across.out_tokens)};
 }
 
-// Items of (token, 8-column vector), kItems per thread and round with all loads issued before
-// the adds: one token at a time left each domain's loads waiting on the previous domain's.
-constexpr int kFinalItems = 4;
-
-template <bool kBf16>
-__device__ __forceinline__ void load_vector(const uint8_t* row, int v, float (&x)[8]) {
-  if constexpr (kBf16) {
-    float zero[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    accumulate(zero, reinterpret_cast<const uint4*>(row)[v]);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) x[k] = zero[k];
-  } else {
-    const float4 a = reinterpret_cast<const float4*>(row)[2 * v];
-    const float4 b = reinterpret_cast<const float4*>(row)[2 * v + 1];
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-  }
-}
-
-// The BF16 output rows of this rank's tokens [first, last): the fp32 sum, in ascending domain
-// order, of the partials present (`thread` of `threads`).
-template <bool kBf16>
-__device__ void sum_partials(const CombineParams& p, int first, int last, int thread, int threads) {
-  const int nodes = p.domain.nodes;
-  const int vectors = p.hidden / 8;
-  const size_t width = partial_row_bytes(p);
-  const int total = (last - first) * vectors;
-  for (int base = thread; base < total; base += kFinalItems * threads) {
-    float acc[kFinalItems][8];
-#pragma unroll
-    for (int u = 0; u < kFinalItems; ++u) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) acc[u][k] = 0.f;
-    }
-    for (int n = 0; n < nodes; ++n) {
-      float x[kFinalItems][8];
-      bool here[kFinalItems];
-#pragma unroll
-      for (int u = 0; u < kFinalItems; ++u) {
-        const int item = base + u * threads;
-        const int t = first + item / vectors;
-        here[u] = item < total && partial_present(p, n, t);
-        if (here[u]) load_vector<kBf16>(partial_row(p, n, t, width), item % vectors, x[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < kFinalItems; ++u) {
-        if (!here[u]) continue;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) acc[u][k] += x[u][k];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kFinalItems; ++u) {
-      const int item = base + u * threads;
-      if (item >= total) continue;
-      const int t = first + item / vectors;
-      reinterpret_cast<uint4*>(p.out + int64_t(t) * p.hidden)[item % vectors] = to_bf16(acc[u]);
-    }
-  }
-  if (p.out_probs == nullptr) return;
-  const int cols = nodes * p.prob_cols;
-  for (int item = thread; item < (last - first) * cols; item += threads) {
-    const int t = first + item / cols;
-    const int col = item % cols;
-    const int n = col / p.prob_cols;
-    const float value = partial_present(p, n, t) && p.across.partial_probs != nullptr
-                            ? partial_probs_row(p, n, t)[col % p.prob_cols]
-                            : 0.f;
-    p.out_probs[int64_t(t) * cols + col] = value;
-  }
-}
-
-// The reduce warps (`thread` of `threads`, named barrier `barrier`) after writing the partials
-// of this rank's own chunk c: wait for the other domains' partials of the chunk (one thread per
-// domain moves its consumer counter), then the final sums of the chunk's tokens.
-__device__ __forceinline__ void final_sum(const CombineParams& p, int c, uint32_t barrier,
-                                          int thread, int threads) {
+// Lane 0 of the loader before the final pass loads chunk c: this block's own partials of it
+// are written (`reduced` reached `done`: every reduce warp counted it) and every other domain's
+// flag of it is in. The TMA loads that follow read what both published.
+__device__ __forceinline__ void wait_partials(const CombineParams& p, const uint32_t* reduced,
+                                              uint32_t done, int c) {
   const CombineAcross& a = p.across;
   const DomainView& d = p.domain;
-  ptx::named_barrier(barrier, threads);  // every partial of the chunk is written
-  if (thread < d.nodes - 1) {
-    const int n = other_domain(thread, d.node_rank);
+  while (*static_cast<const volatile uint32_t*>(reduced) < done && !d.aborted()) __nanosleep(64);
+  for (int k = 0; k < d.nodes - 1; ++k) {
+    const int n = other_domain(k, d.node_rank);
     const size_t slot = a.combine_flags + sizeof(uint64_t) * (size_t(n) * a.max_chunks + c);
     wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
               WaitSite::kNetworkCombine, n, c);
   }
-  ptx::named_barrier(barrier, threads);  // after a timeout the sums are garbage (buffer unusable)
-  const int first = min(c * p.chunk, a.out_tokens);
-  const int last = min(first + p.chunk, a.out_tokens);
-  if (a.bf16_wire) {
-    sum_partials<true>(p, first, last, thread, threads);
-  } else {
-    sum_partials<false>(p, first, last, thread, threads);
+  __threadfence();
+  ptx::fence_proxy_async_global();
+}
+
+// The final pass's routes of tokens [first, last) into `routes` ([tokens, nodes]): entry n of
+// token t is its partial's row n * T + t where the token went to domain n, else -1 (by
+// `threads` threads; the caller synchronises).
+__device__ __forceinline__ void stage_partial_routes(const CombineParams& p,
+                                                     const ChunkRoutes& routes, int first, int last,
+                                                     int thread, int threads) {
+  const int nodes = p.domain.nodes;
+  const int T = p.across.max_tokens;
+  for (int i = thread; i < (last - first) * nodes; i += threads) {
+    const int t = first + i / nodes;
+    const int n = i % nodes;
+    routes.rows[i] = partial_present(p, n, t) ? n * T + t : -1;
+  }
+}
+
+// combined_probs of this rank's token t: each domain's E*R columns from that domain's partial
+// probs (zero where the token did not go). Peers' partial probs are read from L2: they were
+// written by other processes, never cached here.
+__device__ __forceinline__ void write_final_probs(const CombineParams& p, int t, int thread,
+                                                  int threads) {
+  const CombineAcross& a = p.across;
+  const int cols = p.domain.nodes * p.prob_cols;
+  for (int col = thread; col < cols; col += threads) {
+    const int n = col / p.prob_cols;
+    float value = 0.f;
+    if (a.partial_probs != nullptr && partial_present(p, n, t)) {
+      const size_t at = (size_t(n) * a.max_tokens + t) * p.prob_cols + col % p.prob_cols;
+      value =
+          n == p.domain.node_rank
+              ? a.partial_probs[at]
+              : __ldcg(reinterpret_cast<const float*>(p.domain.self() + a.net_partial_probs) + at);
+    }
+    p.out_probs[int64_t(t) * cols + col] = value;
   }
 }
 

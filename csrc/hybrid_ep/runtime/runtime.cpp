@@ -182,8 +182,10 @@ int Runtime::dispatch_stages(size_t stage_bytes) const {
 }
 
 int Runtime::combine_stages(size_t stage) const {
-  // A piece's copies (up to one per local rank) must fit at once, plus room to prefetch.
-  return ring_stages(std::max(config_.stages_combine, config_.ranks + 1), config_.ranks, stage,
+  // A piece's copies (up to one per source: local rank, or domain in the final pass) must fit
+  // at once, plus room to prefetch.
+  const int width = combine_width();
+  return ring_stages(std::max(config_.stages_combine, width + 1), width, stage,
                      combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes),
                      smem_limit_);
 }
@@ -191,7 +193,7 @@ int Runtime::combine_stages(size_t stage) const {
 bool Runtime::combine_fits(size_t stage) const {
   const size_t usable = size_t(smem_limit_) -
                         combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes) - 1024;
-  return usable / stage >= size_t(config_.ranks) + 1;
+  return usable / stage >= size_t(combine_width()) + 1;
 }
 
 }  // namespace hybrid_ep

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -114,6 +115,11 @@ class Runtime {
   // Tokens per chunk of the combine kernel (combine_chunk_of).
   int combine_chunk() const {
     return combine_chunk_of(config_.nodes, config_.dispatch_chunk, config_.combine_chunk);
+  }
+  // Copies per token the combine's ring must hold at once: the domain's ranks, and with several
+  // domains also the domains (the final pass pulls one partial from each).
+  int combine_width() const {
+    return config_.nodes > 1 ? std::max(config_.ranks, config_.nodes) : config_.ranks;
   }
 
  private:
