@@ -50,7 +50,7 @@ def _check_permute_round_trip(ctx: Ctx, buf, x, rt, spec, fused: bool, non_block
         assert int(handle[10].item()) == 0, f"{ctx.where()} {what}: overflow with the budget"
     T, W = x.shape[0], spec["W"]
     R = spec.get("R") or W
-    want = round_trip_rows(x, rt["map"].view(T, W // R, -1).sum(dim=2))
+    want = round_trip_rows(x, rt["map"].view(T, W // R, R * spec["E"]).sum(dim=2))
     if not torch.equal(plus_zero(combined), plus_zero(want)):
         raise AssertionError(f"{ctx.where()} {what}: unpermute+combine of the permuted rows != "
                              "x * experts selected: " + first_mismatch(combined, want))

@@ -37,6 +37,9 @@ def test_soak(gpu_pools, record_property, W, placement):
     seconds = max(r["seconds"] for r in results)
     record_property("soak_seconds", seconds)
     record_property("soak_calls", CALLS)
+    for key in ("free", "allocated", "fds"):
+        record_property(f"rank0_{key}_before", results[0]["before"][key])
+        record_property(f"rank0_{key}_after", results[0]["after"][key])
     print(f"soak: {CALLS} calls x {W} ranks in {seconds:.1f} s; variants "
           f"{results[0]['variants']}; memory free before/after "
           f"{results[0]['before']['free'] >> 20}/{results[0]['after']['free'] >> 20} MiB; "
