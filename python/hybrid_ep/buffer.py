@@ -6,8 +6,6 @@ the pure-torch reference engine; CUDA tensors on the CUDA engine.
 
 from __future__ import annotations
 
-import collections
-import functools
 import itertools
 import shutil
 import warnings
@@ -18,13 +16,12 @@ import torch.distributed as dist
 from . import handle as handles
 from . import validation as v
 from .call_stamp import CallStamp
+from .collective import CONSTRUCTION, buffer_rendezvous, collective, on_reference_engine
 from .config import CONFIG_FIELDS, EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth, select_engine
-from .errors import HybridEPMismatchError
 from .reference import layout as layouts
 from .reference import network
 from .reference.engine import ReferenceEngine
-from .rendezvous import Rendezvous
 from .topology import (
     Topology,
     check_ranks_per_domain,
@@ -33,34 +30,6 @@ from .topology import (
 )
 
 _BUFFER_IDS = itertools.count(1)
-# Buffers built on each group by this process: with every rank building its buffers in the same
-# order (construction is collective), the n-th buffer of a group has the same number everywhere
-# and names its rendezvous keys with it.
-_BUFFERS_OF_GROUP: collections.Counter = collections.Counter()
-
-
-def _group_key(group) -> str:
-    return str(getattr(group, "group_name", None) or id(group))
-
-
-def _collective(op: str):
-    """A public call: when it raises on this rank's input before the call's first exchange,
-    its peers (reference engine, which agrees on every call on the host) learn it there and
-    raise too, instead of waiting for this rank until the timeout."""
-    def wrap(method):
-        @functools.wraps(method)
-        def call(self, *args, **kwargs):
-            self._call_agreed = False
-            self._call_engine = None
-            try:
-                return method(self, *args, **kwargs)
-            except (ValueError, TypeError) as error:
-                if not self._call_agreed and not isinstance(error, HybridEPMismatchError):
-                    self._note_failure(op, error, args, kwargs)
-                raise
-        return call
-    return wrap
-
 DEFAULT_SMS_DISPATCH = 16
 DEFAULT_SMS_COMBINE = 16
 DEFAULT_SMS_PREPROCESSING = 32
@@ -77,6 +46,7 @@ def _positive(name: str, value, default: int | None) -> int | None:
 
 
 class HybridEPBuffer:
+    @collective(CONSTRUCTION)
     def __init__(self, group, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
                  use_fp8=False, num_sms_dispatch_api=None, num_sms_combine_api=None,
                  num_sms_preprocessing_api=None, num_blocks_permute=None,
@@ -88,27 +58,7 @@ class HybridEPBuffer:
                                "torch.distributed.init_process_group first")
         group = dist.group.WORLD if group is None else group
         env = EnvSettings.read()
-        _BUFFERS_OF_GROUP[_group_key(group)] += 1
-        # Every host exchange of this buffer (construction, the reference engine's calls, the
-        # CUDA engine's set-up and release) is bounded by HYBRID_EP_TIMEOUT_S (rendezvous.py).
-        self._rendezvous = Rendezvous(group, f"buffer{_BUFFERS_OF_GROUP[_group_key(group)]}",
-                                      env.timeout_s)
-        try:
-            self._init(group, env, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
-                       use_fp8, num_sms_dispatch_api, num_sms_combine_api,
-                       num_sms_preprocessing_api, num_blocks_permute, num_blocks_unpermute,
-                       load_cached_kernels, use_shared_buffer, enable_custom_allgather,
-                       num_of_hybrid_ep_ranks_per_nvlink_domain, use_mnnvl)
-        except (ValueError, TypeError) as error:
-            if not self._constructed and not isinstance(error, HybridEPMismatchError):
-                self._rendezvous.note_failure("HybridEPBuffer()", error)
-            raise
-
-    def _init(self, group, env, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
-              use_fp8, num_sms_dispatch_api, num_sms_combine_api, num_sms_preprocessing_api,
-              num_blocks_permute, num_blocks_unpermute, load_cached_kernels, use_shared_buffer,
-              enable_custom_allgather, num_of_hybrid_ep_ranks_per_nvlink_domain, use_mnnvl):
-        self._constructed = False  # the construction's exchange has happened
+        self._rendezvous = buffer_rendezvous(group, env.timeout_s)
         hidden_dim = v.require_int("hidden_dim", hidden_dim, minimum=1)
         if hidden_dim % v.BF16_ALIGN != 0:
             raise ValueError(f"hidden_dim={hidden_dim}: expected a multiple of {v.BF16_ALIGN}")
@@ -128,8 +78,8 @@ class HybridEPBuffer:
         # Construction is collective: agree on the shape of the problem and find the domains.
         facts = local_facts() | {"hidden_dim": hidden_dim, "max_tokens": max_tokens,
                                  "num_local_experts": experts}
-        everyone = self._rendezvous.gather("HybridEPBuffer()", facts)
-        self._constructed = True
+        everyone = self._rendezvous.gather(CONSTRUCTION, facts)
+        self._call_agreed = True
         for key, arg in (("hidden_dim", "hidden_dim"), ("num_local_experts", "num_local_experts")):
             values = [f[key] for f in everyone]
             if len(set(values)) != 1:
@@ -188,8 +138,6 @@ class HybridEPBuffer:
                                           env.timeout_s, env.combine_wire)
         self._cuda_engine = None
         self._handles = itertools.count(1)  # ids of the handles this buffer makes (CallStamp)
-        self._call_agreed = False
-        self._call_engine = None
         self._sends = network.TransportStats.with_channels(self.config.num_channels)
 
     # -- attributes of the original class ------------------------------------------------------
@@ -233,23 +181,15 @@ class HybridEPBuffer:
         self._call_agreed = True
 
     def _note_failure(self, op: str, error: BaseException, args, kwargs) -> None:
-        """This rank raised on its input before the call's agreement: on the reference engine
-        its peers wait for it there, so leave them the message (rendezvous.note_failure). The
-        CUDA engine's peers wait on the GPU and report a timeout naming this rank."""
-        engine = self._call_engine
-        if engine is not None:
-            on_reference = engine is self._reference
-        else:
-            first = kwargs.get("hidden", kwargs.get("handle", args[0] if args else None))
-            if isinstance(first, tuple) and first and isinstance(first[0], torch.Tensor):
-                first = first[0]  # a handle
-            if isinstance(first, torch.Tensor):
-                on_reference = self._env.engine == "reference" or first.device.type == "cpu"
-            else:
-                on_reference = (self._env.engine == "reference"
-                                or not torch.cuda.is_available())
-        if on_reference:
-            self._rendezvous.note_failure(op, error)
+        """This rank raised on its input before the call's agreement (collective.py): where its
+        peers wait for it on the host -- construction, the reference engine -- leave them the
+        message. The CUDA engine's peers wait on the GPU and report a timeout naming this rank."""
+        rendezvous = getattr(self, "_rendezvous", None)
+        if rendezvous is None:  # before the rendezvous (a malformed variable): alike everywhere
+            return
+        if op == CONSTRUCTION or on_reference_engine(self._env.engine, self._call_engine,
+                                                     self._reference, args, kwargs):
+            rendezvous.note_failure(op, error)
 
     def _cuda(self):
         """The CUDA engine, created by the first CUDA call (collective) and rebuilt when the
@@ -344,32 +284,16 @@ class HybridEPBuffer:
             return rows, layout, tokens, None, routing
 
     def _count_sends(self, engine, layout, tokens, hidden, probs, scaling_factor) -> None:
-        """The reference engine models the network leg's puts and signals (reference/network.py);
-        inside one domain nothing crosses the network."""
-        if engine is not self._reference or self.num_of_nodes == 1:
-            return
-        widths = network.RowWidths(
-            row=hidden.shape[1] * hidden.element_size(),
-            probs=(4 * self.config.num_local_experts * self.num_of_hybrid_ep_ranks_per_nvlink_domain
-                   if probs is not None else 0),
-            scales=4 * scaling_factor.shape[1] if scaling_factor is not None else 0)
-        network.count_dispatch_sends(self._sends, layout.attn_to_rdma_map, tokens,
-                                     self.config.num_of_tokens_per_chunk_dispatch_api,
-                                     self.config.num_sms_dispatch_api, widths)
+        """The reference engine models the network leg's puts and signals (the CUDA engine's
+        counters are read from the device)."""
+        if engine is self._reference:
+            engine.count_dispatch_sends(self._sends, self.config, layout, tokens, hidden, probs,
+                                        scaling_factor)
 
     def _count_combine_sends(self, engine, layout, tokens, hidden, with_probs: bool) -> None:
-        """The combine's network leg, modelled like the dispatch's (reference engine only)."""
-        if engine is not self._reference or self.num_of_nodes == 1:
-            return
-        # The partials travel at the wire's width (HYBRID_EP_COMBINE_WIRE); their probs fp32.
-        widths = network.RowWidths(
-            row=(2 if self._env.combine_wire == "bf16" else 4) * hidden.shape[1],
-            probs=(4 * self.config.num_local_experts * self.num_of_hybrid_ep_ranks_per_nvlink_domain
-                   if with_probs else 0),
-            scales=0)
-        network.count_combine_sends(self._sends, layout.rdma_to_attn_map, self.node_rank, tokens,
-                                    self.config.num_of_tokens_per_chunk_dispatch_api,
-                                    self.config.num_sms_combine_api, widths)
+        if engine is self._reference:
+            engine.count_combine_sends(self._sends, self.config, layout, tokens, hidden,
+                                       with_probs)
 
     def transport_stats(self, reset: bool = False) -> dict:
         """Network counters of this rank's sends since the buffer was built (or last reset):
@@ -412,7 +336,7 @@ class HybridEPBuffer:
             raise ValueError(f"num_dispatched_tokens={value}: this rank receives {actual} rows")
 
     # -- dispatch / combine ----------------------------------------------------------------------
-    @_collective("dispatch")
+    @collective("dispatch")
     def dispatch(self, hidden, scaling_factor=None, topk_idx=None, topk_weights=None,
                  num_of_experts=None, probs=None, routing_map=None,
                  num_dispatched_tokens_tensor=None, num_dispatched_tokens=None, handle=None):
@@ -441,7 +365,7 @@ class HybridEPBuffer:
             handle = handles.make_dispatch_handle(layout, tokens, call, hidden.device)
         return out, out_probs, out_scales, handle
 
-    @_collective("combine")
+    @collective("combine")
     def combine(self, hidden, probs=None, handle=None):
         if handle is None:
             raise ValueError("handle: required; pass the handle returned by dispatch")
@@ -462,7 +386,7 @@ class HybridEPBuffer:
                               probs.contiguous() if probs is not None else None,
                               layout, handle[5], made.num_tokens)
 
-    @_collective("get_combine_input_buffer")
+    @collective("get_combine_input_buffer")
     def get_combine_input_buffer(self, handle, hidden_dim=None) -> torch.Tensor:
         """A BF16 ``[dispatched rows, hidden_dim]`` tensor in this rank's registered buffer
         (CUDA engine) for the expert outputs of ``handle``'s combine: ``combine`` reads it where
@@ -495,7 +419,7 @@ class HybridEPBuffer:
                              shape=probs_shape, device=hidden.device)
 
     # -- permuted variants -----------------------------------------------------------------------
-    @_collective("dispatch_with_permute")
+    @collective("dispatch_with_permute")
     def dispatch_with_permute(self, *, hidden, topk_idx=None, topk_weights=None,
                               num_of_experts_per_rank=None, num_of_experts=None, use_fp8=None,
                               routing_map=None, probs=None, scaling_factor=None,
@@ -594,7 +518,7 @@ class HybridEPBuffer:
             tokens_per_expert = tokens_per_expert.cpu().pin_memory()
         return out, out_probs, out_scales, tokens_per_expert, handle
 
-    @_collective("combine_with_unpermute")
+    @collective("combine_with_unpermute")
     def combine_with_unpermute(self, *, hidden, probs=None, handle=None, pad_multiple=None,
                                fuse_unpermute_combine=False, num_dispatched_tokens=None):
         if handle is None:

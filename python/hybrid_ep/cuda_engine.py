@@ -197,7 +197,6 @@ class CudaEngine:
     def agree(self, stamp: CallStamp, num_tokens: int) -> None:
         """The call's stamp, which the kernels of its first exchange (routing all-gather,
         barrier) compare with the peers' before data moves (no host exchange)."""
-        self.check_status()
         self.runtime.begin_call(stamp.pack())
 
     def check_status(self) -> None:

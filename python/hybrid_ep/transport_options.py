@@ -23,7 +23,7 @@ from . import nic_topology
 MAX_NET_TENSORS = 3
 # Warps of one block that send, each holding at most one chunk's work requests unrung: at
 # least the dispatch's 4 network warps (kernels/dispatch.cu, kNetworkWarps) and the combine's 2
-# (kernels/combine.cu). Kept at 8, the count of the combine's old network kernel, so that the
+# (kernels/combine_ring.cuh). Kept at 8, the count of the combine's old network kernel, so that the
 # default queue depths (and the channels they need) stay those tested until a NIC run shows
 # the tighter bound suffices.
 SENDING_WARPS_PER_BLOCK = 8

@@ -70,7 +70,6 @@ struct ChunkWalk {
   __device__ int sent(const CombineParams& p) const {
     return p.partial ? (p.domain.nodes - 1) * per_domain : 0;
   }
-  __device__ bool own(const CombineParams& p, int k) const { return p.partial && k >= sent(p); }
 };
 
 __host__ __device__ __forceinline__ size_t partial_row_bytes(const CombineParams& p) {

@@ -12,7 +12,7 @@ from ..call_stamp import CallStamp, mismatch_message
 from ..errors import HybridEPMismatchError
 from ..topology import Topology
 from . import layout as layouts
-from . import movement
+from . import movement, network
 from .comm import CallGroup, all_gather_rows
 
 
@@ -63,6 +63,35 @@ class ReferenceEngine:
 
     def grow(self, config) -> None:
         """Nothing is preallocated here; the layouts follow the new maximum by themselves."""
+
+    # -- the network counters' model (HybridEPBuffer.transport_stats) ------------------------
+    def count_dispatch_sends(self, sends, config, layout, tokens: int, hidden, probs,
+                             scaling_factor) -> None:
+        """Adds a dispatch's network puts and signals (reference/network.py) to ``sends``;
+        inside one domain nothing crosses the network."""
+        if self.topo.num_of_nodes == 1:
+            return
+        widths = network.RowWidths(
+            row=hidden.shape[1] * hidden.element_size(),
+            probs=4 * self.experts * self.topo.ranks_per_domain if probs is not None else 0,
+            scales=4 * scaling_factor.shape[1] if scaling_factor is not None else 0)
+        network.count_dispatch_sends(sends, layout.attn_to_rdma_map, tokens,
+                                     config.num_of_tokens_per_chunk_dispatch_api,
+                                     config.num_sms_dispatch_api, widths)
+
+    def count_combine_sends(self, sends, config, layout, tokens: int, hidden,
+                            with_probs: bool) -> None:
+        """The combine's network leg, modelled like the dispatch's: the partials travel at the
+        wire's width (HYBRID_EP_COMBINE_WIRE), their probs fp32."""
+        if self.topo.num_of_nodes == 1:
+            return
+        widths = network.RowWidths(
+            row=(2 if self.combine_wire == "bf16" else 4) * hidden.shape[1],
+            probs=4 * self.experts * self.topo.ranks_per_domain if with_probs else 0,
+            scales=0)
+        network.count_combine_sends(sends, layout.rdma_to_attn_map, self.topo.node_rank, tokens,
+                                    config.num_of_tokens_per_chunk_dispatch_api,
+                                    config.num_sms_combine_api, widths)
 
     # -- dispatch ----------------------------------------------------------------------------
     def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor | None,

@@ -1,0 +1,199 @@
+// The combine kernel's shape (combine.cu): its warp roles, the shared-memory ring of staged
+// pieces and the plan that carves the block's shared memory, and the two passes the loader and
+// the reduce warps make over that ring.
+#pragma once
+
+#include <cstdint>
+
+#include "hybrid_ep/kernels/common/ring_pos.cuh"
+#include "hybrid_ep/kernels/network_send.cuh"
+#include "hybrid_ep/kernels/params.h"
+
+namespace hybrid_ep {
+namespace combine {
+
+// Six: with two-copy tokens the ring holds 8 of them, so 8 warps each waited for its next
+// token's loads to be issued and land after its sum; with fewer, a warp's next token is often in
+// already. 2 ranks x 8 SMs (benchmarks/results/2026-12-01-held-routes.md): 4 warps 251.5 us,
+// 5 236.4, 6 233.5, 7 233.0, 8 237.9; one rank 159.0-165.0, 6 the fastest.
+constexpr int kReduceWarps = 6;
+// The two warps past the loader and the reduce warps send the reduced chunks between domains
+// (they would be idle otherwise: the block keeps 9 warps because, fused with unpermute, every
+// warp unpermutes first; with 7 the fused op took 248 instead of 216 us at one rank, 1116
+// instead of 890 at two).
+constexpr int kNetworkWarps = 2;
+constexpr int kThreads = 32 * (1 + kReduceWarps + kNetworkWarps);
+constexpr uint32_t kReduceBarrier = 1;
+
+enum class Role { kLoader, kReduce, kNetwork };
+
+__device__ __forceinline__ Role role_of(int warp) {
+  if (warp == 0) return Role::kLoader;
+  return warp <= kReduceWarps ? Role::kReduce : Role::kNetwork;
+}
+__device__ __forceinline__ int reduce_warp_index(int warp) { return warp - 1; }
+__device__ __forceinline__ int network_warp_index(int warp) { return warp - 1 - kReduceWarps; }
+
+__host__ __device__ constexpr int align_up(int v, int a) { return (v + a - 1) / a * a; }
+
+// Bytes of one copy's piece in the registered buffer (BF16 or fp32 input columns).
+__host__ __device__ inline int piece_bytes(const CombineParams& p) {
+  return p.hidden / p.pieces * (p.fp32_input ? 4 : 2);
+}
+
+// With several domains the final pass pulls partials through the same ring: a piece of one at
+// the wire's width.
+__host__ __device__ inline int final_piece_bytes(const CombineParams& p) {
+  return p.partial ? p.hidden / p.pieces * (p.across.bf16_wire ? 2 : 4) : 0;
+}
+
+// Sources per token: the domain's ranks, and with several domains the domains (final pass).
+__host__ __device__ inline int ring_width(const CombineParams& p) {
+  return p.partial ? max(p.domain.ranks, p.domain.nodes) : p.domain.ranks;
+}
+
+// A stage holds one copy of a piece's columns. The copies' probs are not staged: the reduce
+// warps' lanes load them before waiting for the stages. Staged (one more small TMA load per
+// copy), the kernel took 370 instead of 322 us at 2 ranks x 8 SMs (194 vs 185 at 1 rank; the
+// same 236 us fused with unpermute).
+__host__ __device__ inline int stage_stride(const CombineParams& p) {
+  return align_up(max(piece_bytes(p), final_piece_bytes(p)), 128);
+}
+
+struct Ring {
+  uint8_t* rows;
+  // [ranks]: where each local rank's staged combine rows start (staged_rows). Read from the
+  // peer table in global memory instead, the loader lane's chain waited on that load for every
+  // copy it issued, and the reduce warps waited for the loader (ncu, 2 ranks).
+  const uint8_t** sources;
+  // [nodes] with several domains: where each domain's partials of this rank's tokens are.
+  const uint8_t** partial_sources;
+  uint64_t* full;
+  uint64_t* empty;
+  int32_t* loader_rows;  // the roles' staged routes, [chunk, ring_width] each
+  int32_t* reduce_rows;
+  int stages;
+  int stride;
+  // Items the loader has issued. Reduce warps run ahead of each other, so one may want an item
+  // more than a ring round ahead of the loader, where a parity wait on its stage would see the
+  // previous round complete; waiting for the issue first makes the parity unambiguous.
+  uint32_t* issued;
+  // [chunk + 1]: copies of the reduce warps' current chunk before each token (the last entry:
+  // all of them), so that a warp finds its pieces' ring positions without walking the others.
+  int32_t* starts;
+  // Several domains: chunks the reduce warps have finished (each warp counts each chunk), which
+  // the network warps and the final pass wait on; and the network warps' run scratch.
+  uint32_t* reduced;
+  TokenRun* runs;
+  __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
+};
+
+// The block's shared memory, one plan for the carve and the size: the ring's stages and
+// barriers, then the sources, both roles' routes, the copy counts, the counters and (several
+// domains: `network`) the partial sources and the network warps' runs.
+struct SmemPlan {
+  int stride, stages, ranks, nodes, chunk;
+  // Offsets of each part in the block's shared memory, and its size.
+  size_t full = 0, empty = 0, sources = 0, partial_sources = 0, routes = 0, starts = 0, issued = 0,
+         reduced = 0, runs = 0, bytes = 0;
+
+  __host__ __device__ static int run_count(int chunk) { return (chunk + 1) / 2; }
+
+  __host__ __device__ static SmemPlan make(int stride, int stages, int ranks, int nodes,
+                                           int chunk) {
+    const bool network = nodes > 1;
+    const int width = network ? max(ranks, nodes) : ranks;
+    SmemPlan m{stride, stages, ranks, nodes, chunk};
+    m.full = size_t(stride) * stages;
+    m.empty = m.full + sizeof(uint64_t) * stages;
+    m.sources = m.empty + sizeof(uint64_t) * stages;
+    m.partial_sources = m.sources + sizeof(uint8_t*) * ranks;
+    m.routes = m.partial_sources + (network ? sizeof(uint8_t*) * nodes : 0);
+    m.starts = m.routes + 2 * sizeof(int32_t) * size_t(chunk) * width;
+    m.issued = m.starts + sizeof(int32_t) * size_t(chunk + 1);
+    m.reduced = m.issued + sizeof(uint32_t);
+    m.runs = (m.reduced + sizeof(uint32_t) + 7) / 8 * 8;
+    m.bytes = m.runs + (network ? sizeof(TokenRun) * size_t(run_count(chunk)) * kNetworkWarps : 0);
+    return m;
+  }
+  // Everything but the stages and their barriers.
+  __host__ __device__ size_t reserved() const { return bytes - sources; }
+};
+
+__host__ __device__ inline SmemPlan smem_plan(const CombineParams& p) {
+  return SmemPlan::make(stage_stride(p), p.stages, p.domain.ranks, p.partial ? p.domain.nodes : 1,
+                        p.chunk);
+}
+
+__device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p) {
+  const SmemPlan m = smem_plan(p);
+  Ring ring;
+  ring.stages = p.stages;
+  ring.stride = m.stride;
+  ring.rows = smem;
+  ring.full = reinterpret_cast<uint64_t*>(smem + m.full);
+  ring.empty = reinterpret_cast<uint64_t*>(smem + m.empty);
+  ring.sources = reinterpret_cast<const uint8_t**>(smem + m.sources);
+  ring.partial_sources = reinterpret_cast<const uint8_t**>(smem + m.partial_sources);
+  ring.loader_rows = reinterpret_cast<int32_t*>(smem + m.routes);
+  ring.reduce_rows = ring.loader_rows + p.chunk * ring_width(p);
+  ring.starts = reinterpret_cast<int32_t*>(smem + m.starts);
+  ring.issued = reinterpret_cast<uint32_t*>(smem + m.issued);
+  ring.reduced = reinterpret_cast<uint32_t*>(smem + m.reduced);
+  ring.runs = reinterpret_cast<TokenRun*>(smem + m.runs);
+  return ring;
+}
+
+// Where local rank j's staged rows and probs are: its registered combine region, or inside one
+// domain for this rank itself the caller's input (CombineParams::own_rows).
+__device__ __forceinline__ const uint8_t* staged_rows(const CombineParams& p, int j) {
+  if (j == p.domain.local_rank && p.own_rows != nullptr) return p.own_rows;
+  return p.domain.peer(j) + p.combine_rows;
+}
+
+__device__ __forceinline__ const float* staged_probs(const CombineParams& p, int j) {
+  if (j == p.domain.local_rank && p.own_rows != nullptr) return p.own_probs;
+  return reinterpret_cast<const float*>(p.domain.peer(j) + p.combine_probs);
+}
+
+// The two passes of the loader and the reduce warps over the ring. kReduce: every chunk of the
+// walk, each token's copies from the domain's ranks; with several domains (kFinal, after it)
+// this rank's own chunks, each token's partials from the domains it went to.
+enum class Pass { kReduce, kFinal };
+
+// What a pass pulls per token: `width` sources (ChunkRoutes::ranks) of pieces of
+// `piece_bytes`, fp32 or BF16, from `sources[j] + row * row_bytes`.
+struct PassShape {
+  int width;
+  int pieces;
+  int piece_bytes;
+  bool fp32;
+  const uint8_t* const* sources;
+  __device__ int64_t row_bytes() const { return int64_t(piece_bytes) * pieces; }
+};
+
+__device__ __forceinline__ PassShape pass_shape(const CombineParams& p, const Ring& ring,
+                                                Pass pass) {
+  if (pass == Pass::kReduce) {
+    return {p.domain.ranks, p.pieces, piece_bytes(p), p.fp32_input, ring.sources};
+  }
+  return {p.domain.nodes, p.pieces, final_piece_bytes(p), !p.across.bf16_wire,
+          ring.partial_sources};
+}
+
+// The ring positions a role carries from chunk to chunk and from the first pass to the second.
+struct LoaderCursor {
+  uint32_t item = 0;
+  RingPos at{0, 0};  // of `item`, the same on every lane
+};
+
+struct ReduceCursor {
+  uint32_t chunk_item = 0;  // ring position of the chunk's first copy
+  // The stage and parity of ring item `pos_item`, moved forward from unit to unit (a division
+  // per unit was another link of the chain every warp runs before its wait).
+  RingPos pos{0, 0};
+  uint32_t pos_item = 0;
+};
+
+}  // namespace combine
+}  // namespace hybrid_ep
