@@ -246,6 +246,7 @@ def test_doca_options_end_to_end(sysfs):
         ib_traffic_class=106,
         doca_qp_depth=None,
         num_channels=2,
+        prob_puts="run",
     )
     cfg = SimpleNamespace(
         num_sms_dispatch_api=16,
@@ -267,5 +268,6 @@ def test_doca_options_end_to_end(sysfs):
 
 
 def test_other_builds_and_single_domains_get_no_options():
-    assert transport_options.runtime_options("p2p", 4, None, None, None) == {}
+    assert transport_options.runtime_options("p2p", 4, SimpleNamespace(p2p_wire=None), None,
+                                             None) == {}
     assert transport_options.runtime_options("doca", 1, None, None, None) == {}

@@ -5,7 +5,8 @@
 
 set(HYBRID_EP_BACKEND_NAME "p2p")
 # The host side of the transport contract (the device side is transport_backend.cuh).
-set(HYBRID_EP_BACKEND_SOURCES "${CMAKE_CURRENT_LIST_DIR}/transport_backend.cpp")
+set(HYBRID_EP_BACKEND_SOURCES "${CMAKE_CURRENT_LIST_DIR}/transport_backend.cpp"
+                               "${CMAKE_CURRENT_LIST_DIR}/wire_model.cpp")
 # The backend's device header is included by a fixed name from this folder.
 set(HYBRID_EP_BACKEND_INCLUDE_DIRS "${CMAKE_CURRENT_LIST_DIR}")
 set(HYBRID_EP_BACKEND_LINK_LIBRARIES "")

@@ -15,12 +15,20 @@ TransportHost::TransportHost(const TransportSetup& setup)
       node_rank_(setup.node_rank),
       channels_(setup.channels) {
   setup.check();
+  wire_ = wire_model_from_options(setup.options);
   counters_ = allocate_counters(channels_);
+  try {
+    allocate_wire_state(wire_);
+  } catch (...) {
+    cudaFree(counters_);
+    throw;
+  }
 }
 
 TransportHost::~TransportHost() {
   disconnect();
   if (counters_ != nullptr) cudaFree(counters_);
+  free_wire_state(wire_);
 }
 
 std::string TransportHost::bootstrap() const { return registered_->export_handle(); }
@@ -62,7 +70,7 @@ void TransportHost::disconnect() noexcept {
 
 TransportContext TransportHost::context() const {
   if (!connected_) throw std::logic_error("transport: connect() first");
-  return TransportContext{node_bases_, counters_, nodes_, node_rank_, channels_};
+  return TransportContext{node_bases_, counters_, nodes_, node_rank_, channels_, wire_};
 }
 
 std::vector<ChannelCounters> TransportHost::counters() const {

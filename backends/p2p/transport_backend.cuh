@@ -1,23 +1,29 @@
 // p2p transport, device side: puts are the warp's stores into the peer's mapped buffer
 // (warp_copy.cuh), a signal is a system-scope release add after the warp's stores, and
-// nothing remains to flush once they are issued.
+// nothing remains to flush once they are issued. Under the emulated network (wire_model.cuh)
+// a signal is held until the emulated NIC delivers it, and no peer counts as mapped, so that
+// every byte between domains leaves through a put.
 #pragma once
 
 #include <cstdint>
 
 #include "hybrid_ep/transport/warp_copy.cuh"
 #include "transport_backend.h"
+#include "wire_model.cuh"
 
 namespace hybrid_ep {
 
 struct TransportDevice {
   __device__ static void put(const TransportContext& ctx, int channel, int node,
                              size_t remote_offset, const void* src, size_t bytes, int lane) {
+    // Posted when called, as a NIC's put; the copy standing in for its transfer comes after.
+    wire::record_put(ctx.wire, channel, bytes, lane);
     mapped_put(ctx.counters, channel, ctx.node_bases[node] + remote_offset, src, bytes, lane);
   }
 
   __device__ static void signal(const TransportContext& ctx, int channel, int node,
                                 size_t flag_offset, uint64_t value, int lane) {
+    wire::hold_signal(ctx.wire, channel, lane);
     mapped_signal_counted(ctx.counters, channel,
                           reinterpret_cast<uint64_t*>(ctx.node_bases[node] + flag_offset), value,
                           lane);
@@ -26,7 +32,7 @@ struct TransportDevice {
   __device__ static void flush(const TransportContext&, int, int) { __syncwarp(); }
 
   __device__ static uint8_t* mapped(const TransportContext& ctx, int node) {
-    return ctx.node_bases[node];
+    return ctx.wire.enabled ? nullptr : ctx.node_bases[node];
   }
 
   __device__ static void count_stored(const TransportContext& ctx, int channel, size_t bytes,

@@ -9,6 +9,7 @@
 
 #include "hybrid_ep/memory/symmetric_buffer.h"
 #include "hybrid_ep/transport/counters.h"
+#include "wire_model.h"
 
 namespace hybrid_ep {
 
@@ -20,6 +21,7 @@ struct TransportContext {
   int nodes;
   int node_rank;
   int channels;
+  WireModel wire;  // HYBRID_EP_P2P_WIRE's emulated NIC; disabled by default
 };
 
 class TransportHost {
@@ -46,6 +48,7 @@ class TransportHost {
   std::vector<PeerMapping> mappings_;  // [nodes]; our own domain's entry stays empty
   uint8_t** node_bases_ = nullptr;     // device
   ChannelCounters* counters_ = nullptr;
+  WireModel wire_;
   bool connected_ = false;
 };
 

@@ -12,6 +12,7 @@ from .buffer import HybridEPBuffer
 from .config import ENV_VARS, HybridEPConfig
 from .deep_ep_alias import install_as_deep_ep
 from .errors import HybridEPMismatchError, HybridEPTimeoutError
+from .memory_plan import memory_plan
 
 try:
     __version__ = _metadata.version("hybrid-ep")
@@ -32,4 +33,4 @@ def build_info() -> dict:
 
 
 __all__ = ["ENV_VARS", "HybridEPBuffer", "HybridEPConfig", "HybridEPMismatchError",
-           "HybridEPTimeoutError", "__version__", "build_info", "install_as_deep_ep"]
+           "HybridEPTimeoutError", "__version__", "build_info", "install_as_deep_ep", "memory_plan"]

@@ -19,6 +19,7 @@ from .call_stamp import CallStamp
 from .collective import CONSTRUCTION, buffer_rendezvous, collective, on_reference_engine
 from .config import CONFIG_FIELDS, EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth, select_engine
+from .memory_plan import registered_bytes as _registered_bytes
 from .reference import layout as layouts
 from .reference import network
 from .reference.engine import ReferenceEngine
@@ -135,7 +136,7 @@ class HybridEPBuffer:
             num_channels=env.num_channels,
         )
         self._reference = ReferenceEngine(group, self.topology, experts, self._rendezvous,
-                                          env.timeout_s, env.combine_wire)
+                                          env.timeout_s, env.combine_wire, env.prob_puts)
         self._cuda_engine = None
         self._handles = itertools.count(1)  # ids of the handles this buffer makes (CallStamp)
         self._sends = network.TransportStats.with_channels(self.config.num_channels)
@@ -313,6 +314,12 @@ class HybridEPBuffer:
             if self._cuda_engine is not None:
                 self._cuda_engine.reset_transport_counters()
         return stats
+
+    def registered_bytes(self) -> int:
+        """Bytes of this rank's registered buffer: the CUDA engine's, as allocated now (a grown
+        buffer's new size); before a CUDA call allocates one, and on the reference engine,
+        which registers nothing, ``hybrid_ep.memory_plan``'s total for the current config."""
+        return _registered_bytes(self.config, self._env.combine_wire, self._cuda_engine)
 
     @staticmethod
     def _move_rows(engine, hidden, probs, scaling_factor, layout, tokens, *,
@@ -577,7 +584,8 @@ class HybridEPBuffer:
                 changes["num_local_experts"] = experts
                 self._reference = ReferenceEngine(self.group, self.topology, experts,
                                                   self._rendezvous, self._env.timeout_s,
-                                                  self._env.combine_wire)
+                                                  self._env.combine_wire,
+                                                  self._env.prob_puts)
         if pad_multiple is not None:
             changes["pad_multiple"] = v.normalize_pad_multiple(pad_multiple)
         if use_fp8 is not None:

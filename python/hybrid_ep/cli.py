@@ -1,4 +1,5 @@
-"""Command line: ``hybrid-ep bench`` (also ``python -m hybrid_ep``) and ``hybrid-ep info``."""
+"""Command line: ``hybrid-ep bench`` (also ``python -m hybrid_ep``), ``hybrid-ep info`` and
+``hybrid-ep memory``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import argparse
 import json
 import os
 import sys
+
+from . import wire_spec
 
 # Defaults of the CPU bench (the reference engine over gloo); --device cuda has its own
 # (hybrid_ep.gpubench.GpuBenchConfig).
@@ -51,7 +54,11 @@ def _bench(args) -> int:
     from . import bench
 
     _check_writable(args.json)
-    if bench.pick_device(args.device) == "cuda":
+    device = bench.pick_device(args.device)
+    if args.wire is not None and (device != "cuda" or args.nodes < 2):
+        raise SystemExit("--wire: the emulated NIC sits between domains of the CUDA engine; "
+                         "give --device cuda and --nodes N >= 2")
+    if device == "cuda":
         return _bench_gpu(args)
     for name, value in _CPU_DEFAULTS.items():
         if getattr(args, name) is None:
@@ -88,10 +95,18 @@ def _bench_domains(args) -> int:
     given = {name: getattr(args, name) for name in ("hidden", "tokens", "experts_per_rank",
                                                      "topk", "iters", "warmup", "sms")
              if getattr(args, name) is not None}
+    try:
+        wire = wire_spec.parse(args.wire, "--wire")
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    if args.wire is not None and wire is None:
+        raise SystemExit(f"--wire {args.wire!r}: expected a spec such as {wire_spec.DEFAULT_TEXT}")
     cfg = domains.DomainBenchConfig(
         ranks=args.ranks if args.ranks is not None else 2 * args.nodes, nodes=args.nodes,
         channels=channels, seed=args.seed, label=args.label or "", mps=not args.no_mps,
-        out_dir=args.out_dir if args.out_dir is not None else base.out_dir, **given)
+        out_dir=args.out_dir if args.out_dir is not None else base.out_dir,
+        wire=wire.text() if wire is not None else None,
+        prob_puts=("run", "token") if args.prob_puts == "both" else (args.prob_puts,), **given)
     if cfg.ranks % cfg.nodes != 0:
         raise SystemExit(f"--nodes {cfg.nodes} must divide --ranks {cfg.ranks}")
     if min(channels) < 1 or max(channels) > 64:
@@ -191,6 +206,22 @@ def _deep_ep_shim(args) -> int:
     return 0
 
 
+def _memory(args) -> int:
+    from .memory_plan import format_table, memory_plan
+
+    _check_writable(args.json)
+    try:
+        plan = memory_plan(args.world, args.ranks_per_domain, args.hidden, args.tokens,
+                           args.experts_per_rank, combine_wire=args.combine_wire)
+    except (TypeError, ValueError) as error:
+        raise SystemExit(f"hybrid-ep memory: {error}") from None
+    print(format_table(plan))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(plan, f, indent=2)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hybrid-ep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -234,6 +265,12 @@ def main(argv=None) -> int:
                    help="permute blocks per rank of the fused dispatch_with_permute (default: "
                         "an even split of the GPU's SMs among the ranks on it, less the dispatch "
                         "SMs; 0 skips the fused op)")
+    g.add_argument("--wire", default=None, metavar="SPEC",
+                   help="with --nodes N: also run under the p2p build's emulated NIC "
+                        "(HYBRID_EP_P2P_WIRE), e.g. gbps=50,latency_us=3,op_ns=400,rails=1, and "
+                        "report its bound and the efficiency")
+    g.add_argument("--prob-puts", choices=("run", "token", "both"), default="both",
+                   help="with --wire: the prob puts of the wired forms (HYBRID_EP_PROB_PUTS)")
     g.add_argument("--no-mps", action="store_true",
                    help="ranks sharing a GPU run without MPS (default: a running MPS daemon, "
                         "else a private one started and stopped for the run; without MPS the "
@@ -254,6 +291,18 @@ def main(argv=None) -> int:
                             "that import deep_ep (put DIRECTORY on PYTHONPATH)")
     s.add_argument("directory")
     s.set_defaults(func=_deep_ep_shim)
+    m = sub.add_parser("memory", help="bytes of each region of the registered buffer a config "
+                                      "needs per rank (hybrid_ep.memory_plan), no GPU needed")
+    m.add_argument("--world", type=_count(1), required=True, help="ranks in the group")
+    m.add_argument("--ranks-per-domain", type=_count(1), required=True,
+                   help="ranks per NVLink domain (divides --world)")
+    m.add_argument("--hidden", type=_count(1), required=True, help="hidden_dim")
+    m.add_argument("--tokens", type=_count(1), required=True, help="max_num_of_tokens_per_rank")
+    m.add_argument("--experts-per-rank", type=_count(1), required=True, help="num_local_experts")
+    m.add_argument("--combine-wire", choices=("bf16", "fp32"), default=None,
+                   help="partial sums between domains (default: HYBRID_EP_COMBINE_WIRE, else bf16)")
+    m.add_argument("--json", help="also write the plan (region -> bytes) to this JSON file")
+    m.set_defaults(func=_memory)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -12,6 +12,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import wire_spec
+from .wire_spec import WireSpec
+
 
 @dataclass(frozen=True)
 class EnvVar:
@@ -71,6 +74,13 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_COMBINE_WIRE", "bf16",
            "combine between domains: bf16 puts each domain's partial sums rounded once to BF16 "
            "(the bytes of dispatch); fp32 puts them unrounded (twice the bytes)"),
+    EnvVar("HYBRID_EP_P2P_WIRE", "off",
+           "p2p build, several domains: an emulated NIC between domains, e.g. "
+           "gbps=50,latency_us=3,op_ns=400,rails=1 (GB/s per rail); a measurement aid, not a "
+           "network"),
+    EnvVar("HYBRID_EP_PROB_PUTS", "run",
+           "dispatch between domains: run puts a run of tokens' probs at once (restriped); token "
+           "puts each token's probs on its own, as before the restripe (for comparison)"),
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
@@ -280,6 +290,8 @@ class EnvSettings:
     nixl_progress_thread: bool = False
     nvshmem_direct: bool = True
     combine_wire: str = "bf16"  # bf16 or fp32
+    p2p_wire: WireSpec | None = None  # HYBRID_EP_P2P_WIRE; None: off
+    prob_puts: str = "run"  # run or token
 
 
     @staticmethod
@@ -309,6 +321,8 @@ class EnvSettings:
             nixl_progress_thread=env_bool("HYBRID_EP_NIXL_PROGRESS_THREAD", False),
             nvshmem_direct=env_bool("HYBRID_EP_NVSHMEM_DIRECT", True),
             combine_wire=env_choice("HYBRID_EP_COMBINE_WIRE", "bf16", ("bf16", "fp32")),
+            p2p_wire=wire_spec.parse(_raw("HYBRID_EP_P2P_WIRE")),
+            prob_puts=env_choice("HYBRID_EP_PROB_PUTS", "run", ("run", "token")),
         )
 
 

@@ -31,19 +31,28 @@ SENDING_WARPS_PER_BLOCK = 8
 MAX_QP_DEPTH = 32768
 
 
-def worst_case_wqes(chunk_tokens: int, blocks: int, channels: int) -> int:
+def worst_case_wqes(chunk_tokens: int, blocks: int, channels: int,
+                    per_token_probs: bool = False) -> int:
     """Work requests one queue pair may hold before their doorbell: per warp a chunk's
-    runs (at most every other token) times the tensors, plus its signal; block b uses channel
-    b % channels, so the sending warps of ceil(blocks / channels) blocks share a queue pair."""
+    runs (at most every other token) times the tensors, plus its signal; with per-token prob
+    puts (HYBRID_EP_PROB_PUTS=token) one tensor's puts are one per token instead. Block b uses
+    channel b % channels, so the sending warps of ceil(blocks / channels) blocks share a queue
+    pair."""
     runs = (chunk_tokens + 1) // 2
     per_warp = runs * MAX_NET_TENSORS + 1
+    if per_token_probs:
+        per_warp += chunk_tokens - runs
     return per_warp * SENDING_WARPS_PER_BLOCK * -(-blocks // channels)
 
 
-def resolve_qp_depth(requested: int | None, chunk_tokens: int, blocks: int, channels: int) -> int:
+def resolve_qp_depth(requested: int | None, chunk_tokens: int, blocks: int, channels: int,
+                     per_token_probs: bool = False) -> int:
     """HYBRID_EP_DOCA_QP_DEPTH, or the worst case rounded up to a power of two when unset;
     raises ValueError naming the limit to raise when the queue cannot hold the worst case."""
-    need = worst_case_wqes(chunk_tokens, blocks, channels)
+    def wqes(channels: int) -> int:
+        return worst_case_wqes(chunk_tokens, blocks, channels, per_token_probs)
+
+    need = wqes(channels)
     detail = (
         f"up to {-(-blocks // channels)} blocks x {SENDING_WARPS_PER_BLOCK} sending warps share "
         f"each of the {channels} channels' queue pairs, each warp with up to "
@@ -52,14 +61,14 @@ def resolve_qp_depth(requested: int | None, chunk_tokens: int, blocks: int, chan
         f"{need} work requests"
     )
     if need > MAX_QP_DEPTH:
-        if worst_case_wqes(chunk_tokens, blocks, blocks) > MAX_QP_DEPTH:
+        if wqes(blocks) > MAX_QP_DEPTH:
             raise ValueError(
                 f"doca transport: {detail}, more than a queue pair holds ({MAX_QP_DEPTH}) even "
                 "with one block per channel; lower the chunk size "
                 "(NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API / _COMBINE_API)"
             )
         channels_needed = channels
-        while worst_case_wqes(chunk_tokens, blocks, channels_needed) > MAX_QP_DEPTH:
+        while wqes(channels_needed) > MAX_QP_DEPTH:
             channels_needed += 1
         raise ValueError(
             f"doca transport: {detail}, more than a queue pair holds "
@@ -96,7 +105,8 @@ def doca_options(
     chunk = max(
         config.num_of_tokens_per_chunk_dispatch_api, config.num_of_tokens_per_chunk_combine_api
     )
-    depth = resolve_qp_depth(env.doca_qp_depth, chunk, blocks, env.num_channels)
+    depth = resolve_qp_depth(env.doca_qp_depth, chunk, blocks, env.num_channels,
+                             env.prob_puts == "token")
     return {
         "nics": ",".join(entries),
         "traffic_class": str(env.ib_traffic_class),
@@ -117,11 +127,27 @@ def direct_options(transport: str, nodes: int, env) -> dict[str, str]:
     return {}
 
 
+def wire_options(transport: str, nodes: int, env) -> dict[str, str]:
+    """The p2p build's emulated network (HYBRID_EP_P2P_WIRE), with several domains; raises
+    ValueError when another build is asked for it (its network is real)."""
+    if env.p2p_wire is None or nodes == 1:
+        return {}
+    if transport != "p2p":
+        raise ValueError(f"environment variable HYBRID_EP_P2P_WIRE={env.p2p_wire.text()!r}: the "
+                         f"network emulation exists in the p2p build only, this build's transport "
+                         f"is {transport}; unset it")
+    return env.p2p_wire.transport_options()
+
+
 def runtime_options(transport: str, nodes: int, env, config, device) -> dict[str, str]:
-    """Options for this build's transport: none for p2p or a single domain. The nvshmem build's
-    unique id is added by transport_bootstrap.group_options (collective)."""
+    """Options for this build's transport: none for a single domain; for p2p only the network
+    emulation's. The nvshmem build's unique id is added by transport_bootstrap.group_options
+    (collective)."""
     if nodes == 1:
         return {}
+    if transport == "p2p":
+        return wire_options(transport, nodes, env)
+    wire_options(transport, nodes, env)
     if transport in ("nixl", "nvshmem"):
         return direct_options(transport, nodes, env)
     if transport != "doca":

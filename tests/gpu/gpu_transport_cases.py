@@ -14,14 +14,16 @@ import torch
 import torch.distributed as dist
 from gpu_cases import job
 
-from hybrid_ep import native, transport_bootstrap, transport_connect, transport_options
+from hybrid_ep import native, transport_bootstrap, transport_connect, transport_options, wire_spec
 from hybrid_ep.config import EnvSettings
 from hybrid_ep.topology import gather_objects
 
 
-def _connected_runtime(ctx, nodes: int, channels: int, max_tokens: int, chunk: int | None = None):
+def _connected_runtime(ctx, nodes: int, channels: int, max_tokens: int, chunk: int | None = None,
+                       options: dict | None = None):
     """A runtime of this rank with its domain's peers opened and the transport connected to
-    the peer of every other domain (the CUDA engine's steps, without the engine)."""
+    the peer of every other domain (the CUDA engine's steps, without the engine); ``options``
+    adds transport options (e.g. the p2p build's network emulation)."""
     C = native.module()
     W, rank = ctx.W, ctx.rank
     R = W // nodes
@@ -41,7 +43,7 @@ def _connected_runtime(ctx, nodes: int, channels: int, max_tokens: int, chunk: i
     # group's bootstrap options (the nvshmem build's unique id).
     rc.transport_options = {
         **transport_options.direct_options(C.build_info()["transport"], nodes, env),
-        **transport_bootstrap.group_options(C, group, rank, rc, env)}
+        **transport_bootstrap.group_options(C, group, rank, rc, env), **(options or {})}
     runtime = C.Runtime(rc)
     handles = gather_objects(runtime.export_handle(), group)
     runtime.open_peers(handles[node * R:(node + 1) * R])
@@ -139,3 +141,39 @@ def network_send(ctx, nodes: int, chunk: int, pattern: str, channels: int, round
     gc.collect()
     assert got == expected, f"{ctx.where()} counters {got}, the reference counts {expected}"
     return {"rank": rank, "counters": got}
+
+
+@job
+def wire_delivery(ctx, nodes: int, nbytes: int, spec: str, rounds: int) -> dict:
+    """The p2p build's network emulation: every peer's signal is seen no earlier than the
+    emulated delivery of the put before it (two operations, the bytes and the latency after
+    the put was posted), measured on the GPU's global timer, which every rank of one GPU
+    shares."""
+    wire = wire_spec.parse(spec)
+    rank, R = ctx.rank, ctx.W // nodes
+    runtime, connection = _connected_runtime(ctx, nodes, 1, max_tokens=64,
+                                             options=wire.transport_options())
+    stream = torch.cuda.current_stream().cuda_stream
+    least_ns = 2 * wire.op_ns + (nbytes + 8) / wire.gbps + wire.latency_us * 1e3
+    margins = []
+    for _ in range(rounds):
+        dist.barrier()
+        wrong, posted, seen = runtime.transport_check_timed(nbytes, 0, stream)
+        assert wrong == 0, f"{ctx.where()}: {wrong} bytes arrived wrong under the wire"
+        everyone = gather_objects(posted, dist.group.WORLD)
+        node = rank // R
+        for n in range(nodes):
+            if n == node:
+                continue
+            sender = everyone[n * R + rank % R]  # the peer of domain n, which put to us
+            margins.append(seen[n] - sender[node] - least_ns)
+    dist.barrier()
+    torch.cuda.synchronize()
+    dist.barrier()
+    connection.close()
+    runtime.release()
+    gc.collect()
+    # 2 ns of slack: the model floors each operation's cost to whole nanoseconds.
+    assert min(margins) >= -2, (f"{ctx.where()}: a signal was seen {-min(margins):.0f} ns "
+                                f"before its put's emulated delivery ({least_ns:.0f} ns)")
+    return {"rank": rank, "margins_ns": margins}

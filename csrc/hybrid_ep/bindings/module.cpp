@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include "hybrid_ep/bindings/bench.h"
+#include "hybrid_ep/bindings/layout.h"
 #include "hybrid_ep/bindings/runtime.h"
 #include "hybrid_ep/runtime/build_info.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -57,4 +58,5 @@ PYBIND11_MODULE(_C, m) {
 
   hybrid_ep::register_runtime(m);
   hybrid_ep::register_bench(m);
+  hybrid_ep::register_layout(m);
 }

@@ -5,6 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <tuple>
+#include <vector>
+
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/runtime/runtime.h"
@@ -58,6 +61,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("channels", &RuntimeConfig::channels)
       .def_readwrite("fabric", &RuntimeConfig::fabric)
       .def_readwrite("combine_wire_fp32", &RuntimeConfig::combine_wire_fp32)
+      .def_readwrite("prob_puts_per_token", &RuntimeConfig::prob_puts_per_token)
       .def_readwrite("transport_options", &RuntimeConfig::transport_options);
 
   py::class_<Runtime>(m, "Runtime")
@@ -98,6 +102,21 @@ void register_runtime(py::module_& m) {
             return run_transport_check(r, bytes, channel, stream_of(stream));
           },
           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "transport_check_timed",
+          [](Runtime& r, size_t bytes, int channel, uintptr_t stream) {
+            std::vector<uint64_t> times;
+            const unsigned long long wrong =
+                run_transport_check(r, bytes, channel, stream_of(stream), &times);
+            const size_t nodes = times.size() / 2;
+            // A std::tuple: it becomes a Python tuple after the call, with the GIL held.
+            return std::make_tuple(wrong,
+                                   std::vector<uint64_t>(times.begin(), times.begin() + nodes),
+                                   std::vector<uint64_t>(times.begin() + nodes, times.end()));
+          },
+          py::call_guard<py::gil_scoped_release>(),
+          "transport_check, also returning (put times per domain, signal-seen times per "
+          "domain) in global-timer ns")
       .def(
           "network_send_check",
           [](Runtime& r, uintptr_t goes, uintptr_t rows, int num_tokens, int row_bytes, int blocks,

@@ -59,6 +59,7 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
     launch_restripe({call.probs, restriped, std::min(call.num_tokens, T), T, c.nodes, p.prob_cols},
                     stream);
     p.restriped_probs = restriped;
+    p.prob_puts_per_token = c.prob_puts_per_token;
   }
   p.net_hidden = call.hidden;
   p.net_scales_src = call.scales;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "hybrid_ep/runtime/runtime.h"
 
@@ -190,9 +191,10 @@ class RowCopies {
 };
 
 // Transport self-test (kernels/transport_check.cu): returns the bytes that arrived wrong or
-// not at all from the peers of the other domains. Synchronises the stream.
+// not at all from the peers of the other domains. Synchronises the stream. With `times`, also
+// the global timer when this rank put to each domain n (times[n]) and saw its signal ([N + n]).
 unsigned long long run_transport_check(Runtime& runtime, size_t bytes, int channel,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, std::vector<uint64_t>* times = nullptr);
 
 // Network-leg check (kernels/network_send_check.cu): this rank's rows [num_tokens, row_bytes]
 // go to the receive tiles of the peer of every other domain where goes[t, k] says so (runs

@@ -1,5 +1,6 @@
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/cuda_check.h"
@@ -7,7 +8,7 @@
 namespace hybrid_ep {
 
 unsigned long long run_transport_check(Runtime& runtime, size_t bytes, int channel,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, std::vector<uint64_t>* times) {
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
   const TransportContext& t = runtime.transport();
@@ -21,11 +22,14 @@ unsigned long long run_transport_check(Runtime& runtime, size_t bytes, int chann
     throw std::invalid_argument("transport check: channel=" + std::to_string(channel) +
                                 ": expected 0.." + std::to_string(t.channels - 1));
   }
+  // One allocation: the mismatch count, then the 2N times when asked for.
+  const size_t words = 1 + (times != nullptr ? 2 * size_t(t.nodes) : 0);
   unsigned long long* mismatches = nullptr;
-  HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof(*mismatches)));
+  HYBRID_EP_CUDA_CHECK(
+      cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof(*mismatches) * words));
   unsigned long long result = 0;
   try {
-    HYBRID_EP_CUDA_CHECK(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches), stream));
+    HYBRID_EP_CUDA_CHECK(cudaMemsetAsync(mismatches, 0, sizeof(*mismatches) * words, stream));
     TransportCheckParams p{};
     p.domain = runtime.domain();
     p.transport = t;
@@ -35,10 +39,14 @@ unsigned long long run_transport_check(Runtime& runtime, size_t bytes, int chann
     p.channel = channel;
     p.bytes = bytes;
     p.mismatches = mismatches;
+    p.times = times != nullptr ? mismatches + 1 : nullptr;
     launch_transport_check(p, stream);
-    HYBRID_EP_CUDA_CHECK(
-        cudaMemcpyAsync(&result, mismatches, sizeof(result), cudaMemcpyDeviceToHost, stream));
+    std::vector<unsigned long long> out(words);
+    HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(out.data(), mismatches, sizeof(*mismatches) * words,
+                                         cudaMemcpyDeviceToHost, stream));
     HYBRID_EP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    result = out[0];
+    if (times != nullptr) times->assign(out.begin() + 1, out.end());
   } catch (...) {
     cudaFree(mismatches);
     throw;

@@ -33,7 +33,7 @@ __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, 
         {p.net_hidden, p.net_rows + tile * p.row_bytes, p.row_bytes},
         {reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),
          p.net_probs + tile * p.prob_cols * sizeof(float),
-         p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0},
+         p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0, p.prob_puts_per_token},
         {reinterpret_cast<const uint8_t*>(p.net_scales_src),
          p.net_scales + tile * p.scale_cols * sizeof(float),
          p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0}};

@@ -16,7 +16,8 @@ namespace hybrid_ep {
 struct NetTensor {
   const uint8_t* src;
   size_t remote;
-  int width;  // 0: not sent
+  int width;               // 0: not sent
+  bool per_token = false;  // one put per token instead of per run (HYBRID_EP_PROB_PUTS=token)
 };
 
 constexpr int kMaxNetTensors = 3;  // rows, probs (restriped), FP8 scales
@@ -40,6 +41,11 @@ __device__ void send_chunk(const TransportContext& ctx, int channel, int node,
       const size_t bytes = size_t(run.length) * x.width;
       if (stored) {
         TransportDevice::count_stored(ctx, channel, bytes, lane);
+      } else if (x.per_token) {
+        for (int t = 0; t < run.length; ++t) {
+          const size_t one = at + size_t(t) * x.width;
+          TransportDevice::put(ctx, channel, node, x.remote + one, x.src + one, x.width, lane);
+        }
       } else {
         TransportDevice::put(ctx, channel, node, x.remote + at, x.src + at, bytes, lane);
       }

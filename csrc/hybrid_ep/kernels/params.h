@@ -136,14 +136,15 @@ struct DispatchParams {
   int prob_col_offset;  // node_rank * E*R
   int experts_total;
   int scale_cols;
-  int chunk;                // tokens per chunk
-  int max_chunks;           // chunks per domain (every one is signalled each call)
-  int channels;             // transport channels: block b sends on channel b % channels
-  int stages;               // shared-memory ring depth
-  bool side_by_tma;         // probs/scales 16-byte aligned: carried through the TMA ring
-  int dispatch_blocks;      // blocks that dispatch (chunk c is block c % dispatch_blocks's)
-  int permute_blocks;       // blocks that permute (fused); 0 for a plain dispatch
-  int first_permute_block;  // the permute blocks are blocks first_permute_block, ...
+  int chunk;                 // tokens per chunk
+  int max_chunks;            // chunks per domain (every one is signalled each call)
+  int channels;              // transport channels: block b sends on channel b % channels
+  int stages;                // shared-memory ring depth
+  bool side_by_tma;          // probs/scales 16-byte aligned: carried through the TMA ring
+  bool prob_puts_per_token;  // the network leg puts probs per token (HYBRID_EP_PROB_PUTS)
+  int dispatch_blocks;       // blocks that dispatch (chunk c is block c % dispatch_blocks's)
+  int permute_blocks;        // blocks that permute (fused); 0 for a plain dispatch
+  int first_permute_block;   // the permute blocks are blocks first_permute_block, ...
   FusedPermuteParams permute;
   OwnDispatchRows own;
   size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
@@ -276,6 +277,9 @@ struct TransportCheckParams {
   int channel;
   size_t bytes;
   unsigned long long* mismatches;  // device: wrong bytes (a timed-out peer counts all)
+  // device [2N] or null: the global timer when this rank put to domain n ([n]) and when it saw
+  // domain n's signal ([N + n]); the network emulation's test compares them across ranks.
+  unsigned long long* times;
 };
 
 // Network-leg check: this rank sends its rows to the peer of every other domain the way the

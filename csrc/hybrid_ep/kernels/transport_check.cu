@@ -2,6 +2,7 @@
 // warps put a pattern into the peer of every other domain through TransportDevice and signal
 // it, then wait for the peers' signals and count the bytes that differ from their pattern.
 #include "hybrid_ep/kernels/common/flags.cuh"
+#include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/transport/transport_device.cuh"
@@ -28,6 +29,7 @@ __global__ void __launch_bounds__(kThreads) transport_check_kernel(TransportChec
   const size_t my_slot = p.scratch + size_t(1 + t.node_rank) * p.bytes;
   for (int n = warp; n < t.nodes; n += warps) {
     if (n == t.node_rank) continue;
+    if (p.times != nullptr && lane == 0) p.times[n] = ptx::global_timer_ns();
     TransportDevice::put(t, p.channel, n, my_slot, source, p.bytes, lane);
     const size_t flag = p.network_flags + sizeof(uint64_t) * size_t(t.node_rank) * p.max_chunks;
     TransportDevice::signal(t, p.channel, n, flag, 1, lane);
@@ -40,6 +42,7 @@ __global__ void __launch_bounds__(kThreads) transport_check_kernel(TransportChec
     if (lane == 0) {
       ok = wait_flag(reinterpret_cast<const uint64_t*>(self + flag), p.domain.expected_for(flag),
                      p.domain, WaitSite::kNetworkFlag, n, 0);
+      if (p.times != nullptr) p.times[t.nodes + n] = ptx::global_timer_ns();
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     unsigned long long bad = 0;

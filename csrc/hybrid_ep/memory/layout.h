@@ -69,49 +69,58 @@ struct BufferLayout {
 
   static size_t align(size_t v) { return (v + 255) & ~size_t(255); }
 
+  // Every region in buffer order, as visit(name, member, bytes): make() places them and the
+  // memory plan (bindings/layout.cpp) reports them from the same walk.
+  template <class Visit>
+  static void for_each_region(const BufferShape& s, Visit&& visit) {
+    const size_t u64 = sizeof(uint64_t), f32 = sizeof(float);
+    const size_t rows = static_cast<size_t>(s.max_rows());
+    const size_t nodes = size_t(s.nodes()), ranks = size_t(s.ranks),
+                 chunks = size_t(s.max_chunks());
+    const size_t prob_row = s.prob_cols() * f32, scale_row = s.max_scale_cols * f32;
+    const size_t tiles = nodes > 1 ? nodes * size_t(s.max_tokens) : 0;  // N*T
+    const size_t own = nodes > 1 ? size_t(s.max_tokens) : 0;
+    const size_t partial_row = size_t(s.max_row_bytes / 2) * size_t(s.partial_bytes);
+    visit("routing", &BufferLayout::routing, rows * static_cast<size_t>(s.experts_total()));
+    visit("token_counts", &BufferLayout::token_counts, u64 * s.world);
+    visit("call_stamps", &BufferLayout::call_stamps, u64 * s.world);
+    visit("barrier_stamps", &BufferLayout::barrier_stamps, u64 * 2 * ranks);
+    visit("net_barrier_stamps", &BufferLayout::net_barrier_stamps, u64 * 2 * nodes);
+    visit("dispatch_rows", &BufferLayout::dispatch_rows, rows * s.max_row_bytes);
+    visit("dispatch_probs", &BufferLayout::dispatch_probs, rows * prob_row);
+    visit("dispatch_scales", &BufferLayout::dispatch_scales, rows * scale_row);
+    visit("combine_rows", &BufferLayout::combine_rows, rows * s.max_row_bytes * 2);
+    visit("combine_probs", &BufferLayout::combine_probs, rows * prob_row);
+    visit("net_rows", &BufferLayout::net_rows, tiles * s.max_row_bytes);
+    visit("net_probs", &BufferLayout::net_probs, tiles * prob_row);
+    visit("net_scales", &BufferLayout::net_scales, tiles * scale_row);
+    visit("restriped_probs", &BufferLayout::restriped_probs, tiles * prob_row);
+    visit("staged_rows", &BufferLayout::staged_rows, own * s.max_row_bytes);
+    visit("staged_scales", &BufferLayout::staged_scales, own * scale_row);
+    visit("partials", &BufferLayout::partials, tiles * partial_row);
+    visit("partial_probs", &BufferLayout::partial_probs, tiles * prob_row);
+    visit("net_partials", &BufferLayout::net_partials, tiles * partial_row);
+    visit("net_partial_probs", &BufferLayout::net_partial_probs, tiles * prob_row);
+    // The flags, from barrier_flags on, are zeroed together (flags_begin..flags_end).
+    visit("barrier_flags", &BufferLayout::barrier_flags, u64 * ranks);
+    visit("forward_flags", &BufferLayout::forward_flags, u64 * ranks);
+    visit("dispatch_flags", &BufferLayout::dispatch_flags, u64 * ranks * nodes * chunks);
+    visit("unpermute_flags", &BufferLayout::unpermute_flags,
+          u64 * ranks * nodes * chunks * kUnpermuteSlices);
+    visit("network_flags", &BufferLayout::network_flags, u64 * nodes * chunks);
+    visit("combine_flags", &BufferLayout::combine_flags, u64 * nodes * chunks);
+    visit("net_barrier_flags", &BufferLayout::net_barrier_flags, u64 * nodes);
+    visit("receive_releases", &BufferLayout::receive_releases, u64);
+  }
+
   static BufferLayout make(const BufferShape& s) {
     BufferLayout l{};
     size_t at = 0;
-    auto take = [&at](size_t bytes) {
-      const size_t here = at;
+    for_each_region(s, [&](const char*, size_t BufferLayout::* region, size_t bytes) {
+      if (region == &BufferLayout::barrier_flags) l.flags_begin = at;
+      l.*region = at;
       at = align(at + bytes);
-      return here;
-    };
-    const size_t rows = static_cast<size_t>(s.max_rows());
-    l.routing = take(rows * static_cast<size_t>(s.experts_total()));
-    l.token_counts = take(sizeof(uint64_t) * s.world);
-    l.call_stamps = take(sizeof(uint64_t) * s.world);
-    l.barrier_stamps = take(sizeof(uint64_t) * 2 * s.ranks);
-    l.net_barrier_stamps = take(sizeof(uint64_t) * 2 * s.nodes());
-    l.dispatch_rows = take(rows * s.max_row_bytes);
-    l.dispatch_probs = take(rows * s.prob_cols() * sizeof(float));
-    l.dispatch_scales = take(rows * s.max_scale_cols * sizeof(float));
-    l.combine_rows = take(rows * s.max_row_bytes * 2);
-    l.combine_probs = take(rows * s.prob_cols() * sizeof(float));
-    const size_t tiles = s.nodes() > 1 ? size_t(s.nodes() * s.max_tokens) : 0;  // N*T
-    const size_t prob_row = s.prob_cols() * sizeof(float);
-    const size_t hidden = s.max_row_bytes / 2;
-    l.net_rows = take(tiles * s.max_row_bytes);
-    l.net_probs = take(tiles * prob_row);
-    l.net_scales = take(tiles * s.max_scale_cols * sizeof(float));
-    l.restriped_probs = take(tiles * prob_row);
-    const size_t own = s.nodes() > 1 ? size_t(s.max_tokens) : 0;
-    l.staged_rows = take(own * s.max_row_bytes);
-    l.staged_scales = take(own * s.max_scale_cols * sizeof(float));
-    l.partials = take(tiles * hidden * size_t(s.partial_bytes));
-    l.partial_probs = take(tiles * prob_row);
-    l.net_partials = take(tiles * hidden * size_t(s.partial_bytes));
-    l.net_partial_probs = take(tiles * prob_row);
-    l.flags_begin = at;
-    l.barrier_flags = take(sizeof(uint64_t) * s.ranks);
-    l.forward_flags = take(sizeof(uint64_t) * s.ranks);
-    l.dispatch_flags = take(sizeof(uint64_t) * s.ranks * s.nodes() * s.max_chunks());
-    l.unpermute_flags =
-        take(sizeof(uint64_t) * s.ranks * s.nodes() * s.max_chunks() * kUnpermuteSlices);
-    l.network_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
-    l.combine_flags = take(sizeof(uint64_t) * s.nodes() * s.max_chunks());
-    l.net_barrier_flags = take(sizeof(uint64_t) * s.nodes());
-    l.receive_releases = take(sizeof(uint64_t));
+    });
     l.flags_end = at;
     l.total = at;
     return l;

@@ -23,6 +23,8 @@ int ring_stages(int wanted, int minimum, size_t stage_bytes, size_t reserved, in
   return std::clamp(wanted, minimum, fit);
 }
 
+}  // namespace
+
 BufferShape shape_of(const RuntimeConfig& config) {
   return BufferShape{config.world,
                      config.ranks,
@@ -33,8 +35,6 @@ BufferShape shape_of(const RuntimeConfig& config) {
                      config.dispatch_chunk,
                      config.combine_wire_fp32 ? 4 : 2};
 }
-
-}  // namespace
 
 Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   if (config_.world != config_.ranks * config_.nodes) {

@@ -43,9 +43,15 @@ struct RuntimeConfig {
   // HYBRID_EP_COMBINE_WIRE=fp32: the combine's partials between domains travel as fp32 (else
   // BF16, each domain's partial rounded once).
   bool combine_wire_fp32 = false;
+  // HYBRID_EP_PROB_PUTS=token: the dispatch's network leg puts each token's probs on its own
+  // (the form before the restripe coalesced them per run), to measure what coalescing saves.
+  bool prob_puts_per_token = false;
   // The transport backend's settings (TransportSetup::options), filled by the Python layer.
   std::map<std::string, std::string> transport_options;
 };
+
+// The buffer shape a Runtime of `config` lays its registered buffer out from.
+BufferShape shape_of(const RuntimeConfig& config);
 
 class Runtime {
  public:

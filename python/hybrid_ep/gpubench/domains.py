@@ -13,6 +13,13 @@ steps), algorithm bandwidth per rank (rows received x row bytes / time; combine:
 dispatch), and per call from ``transport_stats()``: puts, signals and bytes this rank sent over
 the network. Beside the dispatch's puts, the count a per-token probability put would need: one
 put per (token, destination domain) instead of one per run.
+
+With ``--wire SPEC`` (the p2p build's emulated NIC, :mod:`hybrid_ep.wire_spec`) each channel
+count runs three forms in the same processes: without the wire (what the domains alone take),
+under the wire with the probs put per run (restriped, the default) and per token
+(``HYBRID_EP_PROB_PUTS=token``). Per operation under the wire: the lower bound, the larger of
+the NIC's time for this rank's bytes and operations (transport_stats) and the time without the
+wire, and the efficiency, bound / measured.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import oracle
+from .. import oracle, wire_spec
 from ..config import EnvSettings
 from . import mps
 from .config import GpuBenchConfig, make_routing, make_tokens
@@ -53,6 +60,17 @@ class DomainBenchConfig:
     out_dir: str = "hybrid-ep-bench"
     label: str = ""
     mps: bool = True  # as GpuBenchConfig.mps
+    wire: str | None = None  # HYBRID_EP_P2P_WIRE for the emulated-network forms; None: none
+    prob_puts: tuple[str, ...] = ("run", "token")  # the wired forms' HYBRID_EP_PROB_PUTS
+
+    def forms(self) -> list[tuple[str, dict]]:
+        """(name, environment) of each form a channel count runs."""
+        if self.wire is None:
+            return [("", {})]
+        no_wire = ("no wire", {"HYBRID_EP_P2P_WIRE": "off", "HYBRID_EP_PROB_PUTS": "run"})
+        return [no_wire] + [(f"wire, {mode} probs", {"HYBRID_EP_P2P_WIRE": self.wire,
+                                                    "HYBRID_EP_PROB_PUTS": mode})
+                            for mode in self.prob_puts]
 
     def inputs(self) -> GpuBenchConfig:
         """The single-domain bench's input generator, with this configuration's sizes."""
@@ -70,6 +88,23 @@ class DomainRankResult:
     sent: dict = field(default_factory=dict)      # op -> [transport_stats per timed step]
     per_token_prob_puts: list = field(default_factory=list)  # (token, other domain) pairs
     verified: list = field(default_factory=list)
+    form: str = ""
+
+
+@dataclass
+class FormsResult:
+    forms: list = field(default_factory=list)  # DomainRankResult per form, cfg.forms() order
+
+
+def _measure_forms(cfg: DomainBenchConfig, channels: int, rank: int) -> FormsResult:
+    """Every form in these processes: its environment is read when its buffer is built."""
+    out = FormsResult()
+    for name, env in cfg.forms():
+        os.environ.update(env)
+        result = _measure(cfg, channels, rank)
+        result.form = name
+        out.forms.append(result)
+    return out
 
 
 def _step(cfg: DomainBenchConfig, buf, tokens: dict, step: int, rank: int, timer) -> dict:
@@ -166,10 +201,14 @@ def _row_bytes(cfg: DomainBenchConfig, op: str) -> float:
     return cfg.hidden * (1 + 4 / 128) if op == "dispatch_fp8" else 2 * cfg.hidden
 
 
-def summarize(cfg: DomainBenchConfig, results: list[dict]) -> list[dict]:
-    """One row per operation of one channel count: medians over ranks and timed steps."""
+def summarize(cfg: DomainBenchConfig, results: list[dict], baseline: list[dict] | None = None
+              ) -> list[dict]:
+    """One row per operation of one form of one channel count: medians over ranks and timed
+    steps. Under the wire, ``baseline`` holds the rows of the form without it."""
     rows = []
-    for op in DOMAIN_OPS:
+    spec = wire_spec.parse(cfg.wire, "--wire") if results[0].get("form", "").startswith("wire") \
+        else None
+    for i, op in enumerate(DOMAIN_OPS):
         seconds = statistics.median(s for r in results for s in r["api_s"][op])
         received = statistics.mean(d for r in results for d in r["rows"])
         sent = [s for r in results for s in r["sent"][op]]
@@ -185,6 +224,17 @@ def summarize(cfg: DomainBenchConfig, results: list[dict]) -> list[dict]:
             pairs = statistics.mean(p for r in results for p in r["per_token_prob_puts"])
             runs_per_tensor = row["puts"] / (3 if op == "dispatch_fp8" else 2)
             row["puts_per_token_probs"] = row["puts"] - runs_per_tensor + pairs
+        row["form"] = results[0].get("form", "")
+        if spec is not None:
+            # The NIC's least time: the largest rank's sends (the op ends with its last rank).
+            wire_s = max(spec.lower_bound_s(statistics.mean(s["bytes"] for s in r["sent"][op]),
+                                            statistics.mean(s["puts"] + s["signals"]
+                                                            for s in r["sent"][op]),
+                                            row["channels"])
+                         for r in results)
+            bound_s = max(wire_s, baseline[i]["api_us"] * 1e-6)
+            row |= {"wire_us": wire_s * 1e6, "bound_us": bound_s * 1e6,
+                    "efficiency": bound_s / seconds}
         rows.append(row)
     return rows
 
@@ -202,6 +252,21 @@ def format_table(cfg: DomainBenchConfig, rows: list[dict], device: str,
              ("| channels | operation | API us | algbw GB/s per rank | puts | signals | network MB "
              "| puts with per-token probs |"),
              "|---|---|---|---|---|---|---|---|"]
+    wired = [r for r in rows if r.get("form")]
+    if wired:
+        lines[-2:] = [(f"Emulated NIC (HYBRID_EP_P2P_WIRE): {cfg.wire}. Bound: the larger of "
+                       "the NIC's time for the busiest rank's bytes and operations and the time "
+                       "without the wire; efficiency = bound / API time."), "",
+                      ("| channels | form | operation | API us | wire us | bound us | efficiency "
+                       "| algbw GB/s per rank | puts | signals | network MB |"),
+                      "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in wired:
+            bound = (f"{r['wire_us']:.0f} | {r['bound_us']:.0f} | {r['efficiency']:.2f}"
+                     if "bound_us" in r else "- | - | -")
+            lines.append(f"| {r['channels']} | {r['form']} | {r['op']} | {r['api_us']:.0f} | "
+                         f"{bound} | {r['algbw_gbps']:.1f} | {r['puts']:.0f} | "
+                         f"{r['signals']:.0f} | {r['net_mb']:.2f} |")
+        return "\n".join(lines)
     for r in rows:
         per_token = f"{r['puts_per_token_probs']:.0f}" if "puts_per_token_probs" in r else "-"
         lines.append(f"| {r['channels']} | {r['op']} | {r['api_us']:.0f} | {r['algbw_gbps']:.1f} "
@@ -222,11 +287,17 @@ def _run(cfg: DomainBenchConfig, json_path: str | None, mps_state: str) -> str:
     print(f"hybrid-ep bench: MPS {mps_state}", flush=True)
     everything, tables = [], []
     for channels in cfg.channels:
-        results = run_ranks(cfg.ranks, _measure, (cfg, channels),
-                            {"HYBRID_EP_NUM_CHANNELS": str(channels)})
-        rows = summarize(cfg, results)
-        everything.append({"channels": channels, "rows": rows, "ranks": results})
-        tables.extend(rows)
+        ranks = run_ranks(cfg.ranks, _measure_forms, (cfg, channels),
+                          {"HYBRID_EP_NUM_CHANNELS": str(channels)})
+        baseline = None
+        for f in range(len(cfg.forms())):
+            results = [r["forms"][f] for r in ranks]
+            rows = summarize(cfg, results, baseline)
+            if f == 0:
+                baseline = rows
+            everything.append({"channels": channels, "form": results[0]["form"], "rows": rows,
+                               "ranks": results})
+            tables.extend(rows)
     text = format_table(cfg, tables, device, mps_state)
     os.makedirs(cfg.out_dir, exist_ok=True)
     suffix = f"-{cfg.label}" if cfg.label else ""

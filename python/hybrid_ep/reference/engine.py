@@ -20,13 +20,15 @@ class ReferenceEngine:
     name = "reference"
 
     def __init__(self, group, topo: Topology, experts_per_rank: int, rendezvous,
-                 timeout_s: float = 30.0, combine_wire: str = "bf16"):
+                 timeout_s: float = 30.0, combine_wire: str = "bf16",
+                 prob_puts: str = "run"):
         # Every collective of a call is bounded by HYBRID_EP_TIMEOUT_S (comm.CallGroup).
         self.group = CallGroup(group, timeout_s)
         self.topo = topo
         self.experts = experts_per_rank
         self.rendezvous = rendezvous
         self.combine_wire = combine_wire  # HYBRID_EP_COMBINE_WIRE: partials between domains
+        self.prob_puts = prob_puts  # HYBRID_EP_PROB_PUTS: run or token
         self._largest_tokens = None  # of the call under way, from its agreement
 
     # -- the agreement every call starts with --------------------------------------------------
@@ -77,7 +79,8 @@ class ReferenceEngine:
             scales=4 * scaling_factor.shape[1] if scaling_factor is not None else 0)
         network.count_dispatch_sends(sends, layout.attn_to_rdma_map, tokens,
                                      config.num_of_tokens_per_chunk_dispatch_api,
-                                     config.num_sms_dispatch_api, widths)
+                                     config.num_sms_dispatch_api, widths,
+                                     per_token_probs=self.prob_puts == "token")
 
     def count_combine_sends(self, sends, config, layout, tokens: int, hidden,
                             with_probs: bool) -> None:

@@ -73,11 +73,13 @@ class RowWidths:
 
 
 def count_dispatch_sends(stats: TransportStats, attn_to_rdma: torch.Tensor, tokens: int,
-                         chunk: int, blocks: int, widths: RowWidths) -> None:
+                         chunk: int, blocks: int, widths: RowWidths,
+                         per_token_probs: bool = False) -> None:
     """Adds one dispatch's network sends of this rank to ``stats``.
 
     ``attn_to_rdma`` is the handle's bool [T, N-1] map (this rank's token t goes to the k-th
     other domain); every chunk of the buffer's T tokens is signalled to every other domain.
+    With ``per_token_probs`` (HYBRID_EP_PROB_PUTS=token) the probs take one put per token.
     """
     channels = len(stats.channels)
     chunks = -(-tokens // chunk)
@@ -89,6 +91,8 @@ def count_dispatch_sends(stats: TransportStats, attn_to_rdma: torch.Tensor, toke
             runs = plan_runs(rows[:, k])
             sent = sum(length for _, length in runs)
             channel.puts += len(runs) * len(tensors)
+            if per_token_probs and widths.probs:
+                channel.puts += sent - len(runs)
             channel.bytes += sent * sum(tensors)
             channel.signals += 1
 

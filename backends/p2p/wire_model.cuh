@@ -1,0 +1,48 @@
+// The emulated network's device side (wire_model.h): a put or a signal occupies its channel's
+// rail from max(now, rail idle) for op_ns + bytes / rate and is delivered latency_ns after
+// that. The data of a put lands at once; a signal waits, on the sending warp, for its own
+// delivery before it is released. A rail serves its operations in order, so that delivery
+// is no earlier than that of every put posted before it on the channel. The rail's "idle at"
+// word advances by compare-and-swap, as the warps of every block using the rail share it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hybrid_ep/kernels/common/ptx.cuh"
+#include "wire_model.h"
+
+namespace hybrid_ep::wire {
+
+// Lane 0 only: occupies the channel's rail for one operation of `bytes`; returns its delivery.
+__device__ __forceinline__ uint64_t post(const WireModel& w, int channel, size_t bytes) {
+  const uint64_t cost = w.op_ns + uint64_t(bytes) * w.fs_per_byte / 1000000ull;
+  unsigned long long* idle = w.rail_free + channel % w.rails;
+  const uint64_t now = ptx::global_timer_ns();
+  unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(idle), expected;
+  uint64_t start;
+  do {
+    expected = seen;
+    start = now > expected ? now : expected;
+    seen = atomicCAS(idle, expected, start + cost);
+  } while (seen != expected);
+  return start + cost + w.latency_ns;
+}
+
+__device__ __forceinline__ void record_put(const WireModel& w, int channel, size_t bytes,
+                                           int lane) {
+  if (w.enabled && lane == 0) post(w, channel, bytes);
+}
+
+// Before a signal is released: waits until the emulated NIC has delivered it.
+__device__ __forceinline__ void hold_signal(const WireModel& w, int channel, int lane) {
+  if (!w.enabled) return;
+  if (lane == 0) {
+    const uint64_t due = post(w, channel, sizeof(uint64_t));
+    while (ptx::global_timer_ns() < due) {
+    }
+  }
+  __syncwarp();
+}
+
+}  // namespace hybrid_ep::wire
