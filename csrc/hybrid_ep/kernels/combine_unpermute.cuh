@@ -29,7 +29,7 @@ __device__ __forceinline__ size_t unpermute_flag(const CombineParams& p, int j, 
 }
 
 // Every thread of a block of the unpermute role.
-__device__ void unpermute_units(const CombineParams& p, int block) {
+inline __device__ void unpermute_units(const CombineParams& p, int block) {
   const FusedUnpermuteParams& u = p.unpermute;
   const DomainView& d = p.domain;
   const int warp = threadIdx.x / 32;
@@ -56,7 +56,7 @@ __device__ void unpermute_units(const CombineParams& p, int block) {
 
 // Lane 0 of the loader: waits for every slice of the units that hold forwarded tokens
 // [first, last) at every local rank. False after a timeout.
-__device__ bool wait_unpermuted(const CombineParams& p, int first, int last) {
+inline __device__ bool wait_unpermuted(const CombineParams& p, int first, int last) {
   const FusedUnpermuteParams& u = p.unpermute;
   const DomainView& d = p.domain;
   const int T = u.max_tokens;

@@ -12,8 +12,8 @@ namespace hybrid_ep {
 // Network warp `w` of `warps` (several domains): its share of this block's (chunk, other domain)
 // pairs, the runs of this rank's tokens of the chunk that go to that domain's peer, on channel
 // blockIdx.x % channels.
-__device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, int warps,
-                                int lane) {
+inline __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, int warps,
+                                       int lane) {
   const DomainView& d = p.domain;
   const int T = p.max_tokens;
   const int tokens = min(p.num_tokens, T);

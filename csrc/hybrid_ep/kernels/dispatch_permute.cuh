@@ -150,8 +150,8 @@ __device__ __forceinline__ ItemRows item_rows(const DispatchParams& p, const Per
 
 // Loader warp. `item`: ring items the block used before (its dispatch role's), where the ring
 // goes on.
-__device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int block, int lane,
-                                  uint32_t item) {
+inline __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int block,
+                                         int lane, uint32_t item) {
   RingPos at = RingPos::of(item, ring.count);  // lane 0's
   for (int q = block; q < permute_items(p); q += p.permute_blocks) {
     const PermuteItem it = permute_item(p, q);
@@ -180,8 +180,8 @@ __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int
 }
 
 // Store warp `w` of `warps`: ring items w, w + warps, ... counted from `item` as the loader.
-__device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, int block, int w,
-                                   int warps, int lane, uint32_t item) {
+inline __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, int block,
+                                          int w, int warps, int lane, uint32_t item) {
   const int E = p.permute.experts_per_rank;
   // This warp's items are those with item % warps == w (warps < ring stages).
   RingPos at = RingPos::of(item + to_own_item(item, w, warps), ring.count);
@@ -240,7 +240,8 @@ __device__ void permute_store_rows(const DispatchParams& p, const Ring& ring, in
 
 // Zero warp `w` of `warps` in this block: output rows whose row_source is -1, 32 candidates
 // per step (one per lane), each found row zeroed by the whole warp.
-__device__ void permute_zero_rows(const DispatchParams& p, int block, int w, int warps, int lane) {
+inline __device__ void permute_zero_rows(const DispatchParams& p, int block, int w, int warps,
+                                         int lane) {
   const int P = p.permute.num_permuted;
   const int vectors = p.row_bytes / 16;
   const int all_warps = p.permute_blocks * warps;
