@@ -1,8 +1,9 @@
 // p2p transport, device side: puts are the warp's stores into the peer's mapped buffer
 // (warp_copy.cuh), a signal is a system-scope release add after the warp's stores, and
 // nothing remains to flush once they are issued. Under the emulated network (wire_model.cuh)
-// a signal is held until the emulated NIC delivers it, and no peer counts as mapped, so that
-// every byte between domains leaves through a put.
+// every put, and every store the kernel made into a mapped peer in place of one
+// (count_stored), occupies the emulated rail, and a signal is held until the NIC would have
+// delivered it.
 #pragma once
 
 #include <cstdint>
@@ -32,11 +33,12 @@ struct TransportDevice {
   __device__ static void flush(const TransportContext&, int, int) { __syncwarp(); }
 
   __device__ static uint8_t* mapped(const TransportContext& ctx, int node) {
-    return ctx.wire.enabled ? nullptr : ctx.node_bases[node];
+    return ctx.node_bases[node];
   }
 
   __device__ static void count_stored(const TransportContext& ctx, int channel, size_t bytes,
                                       int lane) {
+    wire::record_put(ctx.wire, channel, bytes, lane);  // the kernel's stores stand for a put
     count_put(ctx.counters, channel, bytes, lane);
   }
 };

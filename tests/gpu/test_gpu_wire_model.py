@@ -1,6 +1,6 @@
 """The p2p build's network emulation (HYBRID_EP_P2P_WIRE) and the per-token prob puts
 (HYBRID_EP_PROB_PUTS=token) on one GPU: the multi-domain matrix and permute pairs pass under
-the wire (every byte between domains then leaves through puts, none stored into a mapped peer);
+the wire (the combine's stored partials then wait on the emulated rail like puts);
 a signal is never seen before the emulated delivery of the put before it; the counters stay
 those of the reference engine's model under the wire and with per-token prob puts."""
 
