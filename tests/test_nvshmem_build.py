@@ -178,6 +178,7 @@ def test_missing_host_library_gives_the_install_hint(tmp_path):
 def test_linkage_host_library_on_the_module_only():
     """libnvshmem_host.so.3 is a NEEDED of _C found through its RUNPATH, and stays off nvcc's
     device-link line (a shared library there breaks the device link); no libcuda."""
+    module_path()  # skips (fails on CI) when the nvshmem build is missing
     ninja = (BUILD / "build.ninja").read_text()
     block = ninja[ninja.index("build CMakeFiles/_C.dir/cmake_device_link.o"):]
     block = block[:block.index("\n\n")]
