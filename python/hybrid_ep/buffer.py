@@ -40,12 +40,6 @@ _TUNABLE_FIELDS = tuple(f for f in CONFIG_FIELDS if f.startswith(("num_sms", "nu
                                                                    "num_of_stages")))
 
 
-def _positive(name: str, value, default: int | None) -> int | None:
-    if value is None:
-        return default
-    return v.require_int(name, value, minimum=1)
-
-
 class HybridEPBuffer:
     @collective(CONSTRUCTION)
     def __init__(self, group, hidden_dim, max_num_of_tokens_per_rank, num_local_experts,
@@ -117,16 +111,16 @@ class HybridEPBuffer:
             group_size=self.group_size,
             num_of_ranks_per_node=ranks_per_domain,
             num_of_nodes=self.num_of_nodes,
-            num_sms_dispatch_api=_positive("num_sms_dispatch_api", num_sms_dispatch_api,
+            num_sms_dispatch_api=v.optional_positive("num_sms_dispatch_api", num_sms_dispatch_api,
                                            DEFAULT_SMS_DISPATCH),
-            num_sms_combine_api=_positive("num_sms_combine_api", num_sms_combine_api,
+            num_sms_combine_api=v.optional_positive("num_sms_combine_api", num_sms_combine_api,
                                           DEFAULT_SMS_COMBINE),
-            num_sms_preprocessing_api=_positive("num_sms_preprocessing_api",
+            num_sms_preprocessing_api=v.optional_positive("num_sms_preprocessing_api",
                                                 num_sms_preprocessing_api,
                                                 DEFAULT_SMS_PREPROCESSING),
             # None: the CUDA engine sizes the fused grids from this rank's part of the GPU.
-            num_blocks_permute=_positive("num_blocks_permute", num_blocks_permute, None),
-            num_blocks_unpermute=_positive("num_blocks_unpermute", num_blocks_unpermute, None),
+            num_blocks_permute=v.optional_positive("num_blocks_permute", num_blocks_permute, None),
+            num_blocks_unpermute=v.optional_positive("num_blocks_unpermute", num_blocks_unpermute, None),
             num_of_tokens_per_chunk_dispatch_api=env.tokens_per_chunk_dispatch,
             num_of_tokens_per_chunk_combine_api=env.tokens_per_chunk_combine,
             num_of_tokens_per_chunk_preprocessing_api=env.tokens_per_chunk_preprocessing,
@@ -135,8 +129,7 @@ class HybridEPBuffer:
             num_of_stages_s2g_combine_api=env.stages_s2g_combine,
             num_channels=env.num_channels,
         )
-        self._reference = ReferenceEngine(group, self.topology, experts, self._rendezvous,
-                                          env.timeout_s, env.combine_wire, env.prob_puts)
+        self._reference = self._new_reference(experts)
         self._cuda_engine = None
         self._handles = itertools.count(1)  # ids of the handles this buffer makes (CallStamp)
         self._sends = network.TransportStats.with_channels(self.config.num_channels)
@@ -169,6 +162,11 @@ class HybridEPBuffer:
                 f"max_tokens={c.max_num_of_tokens_per_rank}, experts/rank={c.num_local_experts})")
 
     # -- shared steps ----------------------------------------------------------------------------
+    def _new_reference(self, experts: int) -> ReferenceEngine:
+        env = self._env
+        return ReferenceEngine(self.group, self.topology, experts, self._rendezvous,
+                               env.timeout_s, env.combine_wire, env.prob_puts)
+
     def _engine(self, hidden: torch.Tensor):
         engine = select_engine(self._env.engine, hidden.device, self._reference, self._cuda)
         self._call_engine = engine
@@ -260,7 +258,7 @@ class HybridEPBuffer:
                           fused=fused)
         if handle is not None:
             made = handles.check_handle(handle, self.config, permute=permute, caller=caller)
-            _check_handle_device(handle, hidden)
+            v.check_handle_device(handle, hidden)
             if hidden.shape[0] != made.num_tokens:
                 raise ValueError(f"hidden: {hidden.shape[0]} rows, but the handle was made for "
                                  f"{made.num_tokens} tokens on this rank")
@@ -332,16 +330,6 @@ class HybridEPBuffer:
                                scaling_factor.contiguous() if scaling_factor is not None
                                else None, layout, tokens, keep_in_buffer=keep_in_buffer, **extra)
 
-    @staticmethod
-    def _check_dispatched_count(value, actual: int | None):
-        """``actual`` is None in the CUDA engine's non-blocking mode (the count stays on the
-        device), where the given value cannot be checked without a host synchronisation."""
-        if value is None or actual is None:
-            return
-        value = v.require_int("num_dispatched_tokens", value)
-        if value != actual:
-            raise ValueError(f"num_dispatched_tokens={value}: this rank receives {actual} rows")
-
     # -- dispatch / combine ----------------------------------------------------------------------
     @collective("dispatch")
     def dispatch(self, hidden, scaling_factor=None, topk_idx=None, topk_weights=None,
@@ -361,7 +349,7 @@ class HybridEPBuffer:
             engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs,
             routing_map=routing_map, handle=handle, permute=False, caller="dispatch",
             non_blocking=False)
-        self._check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
+        v.check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
         if num_dispatched_tokens_tensor is not None:
             num_dispatched_tokens_tensor.fill_(layout.num_dispatched_tokens)
         if made is None:
@@ -378,7 +366,7 @@ class HybridEPBuffer:
             raise ValueError("handle: required; pass the handle returned by dispatch")
         made = handles.check_handle(handle, self.config, permute=False, caller="combine")
         if isinstance(hidden, torch.Tensor):
-            _check_handle_device(handle, hidden)
+            v.check_handle_device(handle, hidden)
         self._check_combine_input(hidden, probs, made.num_dispatched_tokens,
                                   probs_shape=(made.num_dispatched_tokens,
                                                self.config.num_local_experts
@@ -448,10 +436,10 @@ class HybridEPBuffer:
             expected_experts=self.config.num_of_experts, has_handle=handle is not None,
             non_blocking=non_blocking)
         pad = v.normalize_pad_multiple(pad_multiple)
-        _check_flag("non_blocking", non_blocking)
-        _check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
+        v.check_flag("non_blocking", non_blocking)
+        v.check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
         if use_host_meta is not None:
-            _check_flag("use_host_meta", use_host_meta)
+            v.check_flag("use_host_meta", use_host_meta)
         budget = None
         if num_permuted_tokens is not None:
             budget = v.require_int("num_permuted_tokens", num_permuted_tokens)
@@ -464,8 +452,8 @@ class HybridEPBuffer:
         if handle is not None:
             made = handles.check_handle(handle, self.config, permute=True,
                                         caller="dispatch_with_permute")
-            _check_same("pad_multiple", pad, made.pad_multiple)
-            _check_same("fuse_permute_dispatch", fuse_permute_dispatch,
+            v.check_same("pad_multiple", pad, made.pad_multiple)
+            v.check_same("fuse_permute_dispatch", fuse_permute_dispatch,
                         made.fuse_permute_dispatch)
             if budget is None:
                 budget = made.num_permuted_tokens
@@ -489,7 +477,7 @@ class HybridEPBuffer:
                 if engine is self._cuda_engine:
                     engine.release_received()  # see CudaEngine.release_received
                 raise
-        self._check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
+        v.check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
 
         device = hidden.device
         if isinstance(plan.overflow, torch.Tensor):
@@ -534,12 +522,12 @@ class HybridEPBuffer:
         made = handles.check_handle(handle, self.config, permute=True,
                                     caller="combine_with_unpermute")
         if isinstance(hidden, torch.Tensor):
-            _check_handle_device(handle, hidden)
-        _check_flag("fuse_unpermute_combine", fuse_unpermute_combine)
-        _check_same("pad_multiple", v.normalize_pad_multiple(pad_multiple), made.pad_multiple)
-        _check_same("fuse_unpermute_combine", fuse_unpermute_combine, made.fuse_permute_dispatch,
+            v.check_handle_device(handle, hidden)
+        v.check_flag("fuse_unpermute_combine", fuse_unpermute_combine)
+        v.check_same("pad_multiple", v.normalize_pad_multiple(pad_multiple), made.pad_multiple)
+        v.check_same("fuse_unpermute_combine", fuse_unpermute_combine, made.fuse_permute_dispatch,
                     made_with="fuse_permute_dispatch")
-        self._check_dispatched_count(num_dispatched_tokens, made.num_dispatched_tokens)
+        v.check_dispatched_count(num_dispatched_tokens, made.num_dispatched_tokens)
         self._check_combine_input(hidden, probs, made.num_permuted_tokens,
                                   probs_shape=(made.num_permuted_tokens,))
         engine = self._engine(hidden)
@@ -582,16 +570,13 @@ class HybridEPBuffer:
             experts = v.require_int("num_local_experts", num_local_experts, minimum=1)
             if experts != self.config.num_local_experts:
                 changes["num_local_experts"] = experts
-                self._reference = ReferenceEngine(self.group, self.topology, experts,
-                                                  self._rendezvous, self._env.timeout_s,
-                                                  self._env.combine_wire,
-                                                  self._env.prob_puts)
+                self._reference = self._new_reference(experts)
         if pad_multiple is not None:
             changes["pad_multiple"] = v.normalize_pad_multiple(pad_multiple)
         if use_fp8 is not None:
-            _check_flag("use_fp8", use_fp8)
+            v.check_flag("use_fp8", use_fp8)
             changes["use_fp8"] = use_fp8
-        _check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
+        v.check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
         changes["fuse_permute_dispatch"] = fuse_permute_dispatch
         for key, value in kwargs.items():
             if key not in _TUNABLE_FIELDS:
@@ -617,21 +602,3 @@ class HybridEPBuffer:
         kernels = self._env.cache_dir / "kernels"
         if kernels.is_dir():
             shutil.rmtree(kernels)
-
-
-def _check_handle_device(handle, hidden: torch.Tensor) -> None:
-    device = handle[0].device
-    if device != hidden.device:
-        raise ValueError(f"handle: its tensors live on {device}, hidden on {hidden.device}; a "
-                         "handle works only with tensors on the device of the call that made it")
-
-
-def _check_flag(name: str, value):
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {value!r}")
-
-
-def _check_same(name: str, given, made, made_with: str | None = None):
-    if given != made:
-        raise ValueError(f"{name}={given}: the handle was made with {made_with or name}={made}; "
-                         "a call that reuses a handle must use the same value")

@@ -8,7 +8,9 @@ from . import validation as v
 from .config import env_choice, env_int
 from .topology import check_ranks_per_domain
 
-# BufferLayout's regions (csrc/hybrid_ep/memory/layout.h) in the order they lie in the buffer.
+# BufferLayout's regions (csrc/hybrid_ep/memory/layout.h) in the order they lie in the buffer;
+# the plan itself follows the binding's walk, so a region added there shows up in it (and the
+# tests, which compare the two, name it).
 REGIONS = ("routing", "token_counts", "call_stamps", "barrier_stamps", "net_barrier_stamps",
            "dispatch_rows", "dispatch_probs", "dispatch_scales", "combine_rows", "combine_probs",
            "net_rows", "net_probs", "net_scales", "restriped_probs", "staged_rows",
@@ -83,7 +85,7 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
                          "layout's 64-bit sizes; expected a smaller config")
     sizes = native.module().buffer_layout(world, ranks, experts, tokens, hidden, chunk,
                                           wire == "fp32")
-    plan = {name: int(sizes[name]) for name in REGIONS}
+    plan = {name: int(size) for name, size in sizes.items() if name != "total"}
     network = sum(plan[name] for name in NETWORK_TILES)
     if world // ranks > 1:
         network += sum(plan[name] for name in NETWORK_FLAGS)
@@ -112,18 +114,23 @@ def registered_bytes(config, combine_wire: str, cuda_engine) -> int:
 
 def padding(plan: dict[str, int]) -> int:
     """Bytes of the plan's total that align regions rather than hold data."""
-    return plan["total"] - sum(plan[name] for name in REGIONS)
+    return plan["total"] - sum(size for _, size in _regions(plan))
+
+
+def _regions(plan: dict[str, int]) -> list[tuple[str, int]]:
+    return [(name, size) for name, size in plan.items() if name not in ("network", "total")]
 
 
 def format_table(plan: dict[str, int]) -> str:
     """The plan as a table: one line per region, then the padding, network and total."""
-    rows = [(name, plan[name]) for name in REGIONS]
+    rows = _regions(plan)
+    regions = len(rows)
     rows += [("(alignment padding)", padding(plan)), ("network", plan["network"]),
              ("total", plan["total"])]
     width = max(len(name) for name, _ in rows)
     lines = [f"{'region':<{width}}  {'bytes':>15}  {'GiB':>9}"]
     for i, (name, size) in enumerate(rows):
-        if i == len(REGIONS):
+        if i == regions:
             lines.append("-" * len(lines[0]))
         lines.append(f"{name:<{width}}  {size:>15,}  {size / 2**30:>9.3f}")
     return "\n".join(lines)

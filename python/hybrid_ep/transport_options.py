@@ -145,9 +145,9 @@ def runtime_options(transport: str, nodes: int, env, config, device) -> dict[str
     (collective)."""
     if nodes == 1:
         return {}
+    wire = wire_options(transport, nodes, env)  # raises for a build other than p2p
     if transport == "p2p":
-        return wire_options(transport, nodes, env)
-    wire_options(transport, nodes, env)
+        return wire
     if transport in ("nixl", "nvshmem"):
         return direct_options(transport, nodes, env)
     if transport != "doca":

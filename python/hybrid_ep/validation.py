@@ -60,6 +60,42 @@ def require_int(name: str, value, *, minimum: int = 0) -> int:
     return value
 
 
+def optional_positive(name: str, value, default: int | None) -> int | None:
+    """``value`` as an int >= 1, or ``default`` when it is None."""
+    if value is None:
+        return default
+    return require_int(name, value, minimum=1)
+
+
+def check_flag(name: str, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {value!r}")
+
+
+def check_same(name: str, given, made, made_with: str | None = None):
+    """A call reusing a handle must pass the value the handle was made with."""
+    if given != made:
+        raise ValueError(f"{name}={given}: the handle was made with {made_with or name}={made}; "
+                         "a call that reuses a handle must use the same value")
+
+
+def check_handle_device(handle, hidden: torch.Tensor) -> None:
+    device = handle[0].device
+    if device != hidden.device:
+        raise ValueError(f"handle: its tensors live on {device}, hidden on {hidden.device}; a "
+                         "handle works only with tensors on the device of the call that made it")
+
+
+def check_dispatched_count(value, actual: int | None):
+    """``actual`` is None in the CUDA engine's non-blocking mode (the count stays on the
+    device), where the given value cannot be checked without a host synchronisation."""
+    if value is None or actual is None:
+        return
+    value = require_int("num_dispatched_tokens", value)
+    if value != actual:
+        raise ValueError(f"num_dispatched_tokens={value}: this rank receives {actual} rows")
+
+
 def normalize_pad_multiple(value) -> int:
     """None, 0 and 1 all mean "no padding"."""
     if value is None:

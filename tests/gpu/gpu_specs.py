@@ -78,3 +78,27 @@ def report(record_property, results: list, label: str = "", *, dispatches: int =
           f"{combines_done} (max |diff| {diff:g})")
     return {"combines": combines_done, "bitwise": bitwise, "max_abs_diff": diff,
             "dispatches": dispatches_done}
+
+
+def domain_matrix_spec(W: int, R: int, case: dict) -> dict:
+    """A multi-domain matrix case (test_gpu_multi_domain.MATRIX) as a spec of W ranks."""
+    spec = make_spec(W, **case)
+    spec["R"] = R
+    return spec
+
+
+def domain_permute_spec(W: int, R: int, extra: dict) -> dict:
+    """A multi-domain permute pair (test_gpu_multi_domain.PERMUTE) as a spec of W ranks."""
+    spec = make_spec(W, H=4096 if extra["dtype"] != "bf16" else 2064, dtype=extra["dtype"],
+                     form="topk", k=2, E=4, max_tok=96, tag="domains")
+    spec.update(extra, R=R)
+    return spec
+
+
+def run_under_env(gpu_pools, W: int, placement: str, environment: dict, case: str, spec: dict,
+                  cases_module: str | None = None) -> list:
+    """``case`` (of gpu_cases, or of ``cases_module``) on W ranks with ``environment`` set for
+    its whole run, so that the buffers it makes read it."""
+    return gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
+                         environment=environment, case=case, cases_module=cases_module,
+                         spec=spec)

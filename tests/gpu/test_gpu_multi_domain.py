@@ -11,7 +11,15 @@ from __future__ import annotations
 import gpu_env
 import pytest
 from gpu_env import gpu_marks, placement_param
-from gpu_specs import growth_specs, make_spec, report, spec_id
+from gpu_specs import (
+    domain_matrix_spec,
+    domain_permute_spec,
+    growth_specs,
+    make_spec,
+    report,
+    run_under_env,
+    spec_id,
+)
 
 pytestmark = gpu_marks
 
@@ -40,8 +48,7 @@ MATRIX = [
     [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}")
      for N, R, case in MATRIX])
 def test_dispatch_combine_domains(gpu_pools, record_property, W, placement, R, case):
-    spec = make_spec(W, **case)
-    spec["R"] = R
+    spec = domain_matrix_spec(W, R, case)
     results = gpu_pools.run(W, placement, "dispatch_combine", spec=spec)
     report(record_property, results, label=f"{W // R}x{R} tokens={spec['tokens']}")
 
@@ -61,9 +68,7 @@ PERMUTE = [(2, 2, "bf16", False, 16, "exact", False), (2, 2, "e4m3", True, None,
                               f"{budget}-{'nonblocking' if nb else 'blocking'}")
      for N, R, dtype, fused, pad, budget, nb in PERMUTE])
 def test_permute_domains(gpu_pools, record_property, W, placement, R, extra):
-    spec = make_spec(W, H=4096 if extra["dtype"] != "bf16" else 2064, dtype=extra["dtype"],
-                     form="topk", k=2, E=4, max_tok=96, tag="domains")
-    spec.update(extra, R=R)
+    spec = domain_permute_spec(W, R, extra)
     results = gpu_pools.run(W, placement, "permute_combine", module="gpu_permute_cases",
                             spec=spec)
     # FP8 rows have no combine (combine takes BF16).
@@ -177,10 +182,8 @@ FP32_WIRE = {"HYBRID_EP_COMBINE_WIRE": "fp32"}
 def test_dispatch_combine_domains_fp32_wire(gpu_pools, record_property, W, placement, R, case):
     """The matrix with HYBRID_EP_COMBINE_WIRE=fp32: the partials travel unrounded (the oracle,
     the reference engine under the same variable, and the round trip x * copies follow)."""
-    spec = make_spec(W, **case)
-    spec["R"] = R
-    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
-                            environment=FP32_WIRE, case="dispatch_combine", spec=spec)
+    spec = domain_matrix_spec(W, R, case)
+    results = run_under_env(gpu_pools, W, placement, FP32_WIRE, "dispatch_combine", spec)
     report(record_property, results, label=f"{W // R}x{R} fp32 wire tokens={spec['tokens']}")
 
 
@@ -192,9 +195,7 @@ def test_dispatch_combine_domains_fp32_wire(gpu_pools, record_property, W, place
                      id_extra=f"{N}x{R}-{dtype}-{'fused' if fused else 'standalone'}-fp32wire")
      for N, R, dtype, fused, pad, budget, nb in PERMUTE if dtype == "bf16"])
 def test_permute_domains_fp32_wire(gpu_pools, record_property, W, placement, R, extra):
-    spec = make_spec(W, H=2064, dtype="bf16", form="topk", k=2, E=4, max_tok=96, tag="domains")
-    spec.update(extra, R=R)
-    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
-                            environment=FP32_WIRE, case="permute_combine",
-                            cases_module="gpu_permute_cases", spec=spec)
+    spec = domain_permute_spec(W, R, extra)  # bf16 only: H 2064
+    results = run_under_env(gpu_pools, W, placement, FP32_WIRE, "permute_combine", spec,
+                            cases_module="gpu_permute_cases")
     report(record_property, results, label=f"permute {W // R}x{R} fp32 wire")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gpu_env
 import pytest
 from gpu_env import gpu_marks, placement_param
-from gpu_specs import make_spec, report, spec_id
+from gpu_specs import domain_matrix_spec, domain_permute_spec, report, run_under_env, spec_id
 from test_gpu_multi_domain import CHUNK, MATRIX, PERMUTE
 
 pytestmark = gpu_marks
@@ -23,10 +23,8 @@ UNDER_WIRE = {"HYBRID_EP_P2P_WIRE": WIRE, "HYBRID_EP_NUM_CHANNELS": "2"}
     [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}-wire")
      for N, R, case in MATRIX])
 def test_dispatch_combine_domains_under_wire(gpu_pools, record_property, W, placement, R, case):
-    spec = make_spec(W, **case)
-    spec["R"] = R
-    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
-                            environment=UNDER_WIRE, case="dispatch_combine", spec=spec)
+    spec = domain_matrix_spec(W, R, case)
+    results = run_under_env(gpu_pools, W, placement, UNDER_WIRE, "dispatch_combine", spec)
     report(record_property, results, label=f"{W // R}x{R} wire tokens={spec['tokens']}")
 
 
@@ -38,12 +36,9 @@ def test_dispatch_combine_domains_under_wire(gpu_pools, record_property, W, plac
                      id_extra=f"{N}x{R}-{dtype}-{'fused' if fused else 'standalone'}-wire")
      for N, R, dtype, fused, pad, budget, nb in PERMUTE])
 def test_permute_domains_under_wire(gpu_pools, record_property, W, placement, R, extra):
-    spec = make_spec(W, H=4096 if extra["dtype"] != "bf16" else 2064, dtype=extra["dtype"],
-                     form="topk", k=2, E=4, max_tok=96, tag="domains")
-    spec.update(extra, R=R)
-    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
-                            environment=UNDER_WIRE, case="permute_combine",
-                            cases_module="gpu_permute_cases", spec=spec)
+    spec = domain_permute_spec(W, R, extra)
+    results = run_under_env(gpu_pools, W, placement, UNDER_WIRE, "permute_combine", spec,
+                            cases_module="gpu_permute_cases")
     report(record_property, results, label=f"permute {W // R}x{R} wire",
            combines=int(extra["dtype"] == "bf16"))
 
@@ -71,6 +66,7 @@ def test_dense_counters_under_wire_and_per_token_probs(gpu_pools, environment):
                             dtype="bf16", with_probs=True, channels=1, tokens=tokens)
     chunks = -(-tokens // CHUNK)
     per_token = environment.get("HYBRID_EP_PROB_PUTS") == "token"
+    assert len(results) == W, results
     for r in results:
         sent = r["cuda_dispatch"]
         want = chunks + tokens if per_token else 2 * chunks
