@@ -29,9 +29,13 @@ __device__ __forceinline__ uint64_t post(const WireModel& w, int channel, size_t
   return start + cost + w.latency_ns;
 }
 
+// The warp reconverges before its copy: lanes 1-31 left to start it without lane 0 would
+// leave lane 0 to run its share alone afterwards, doubling the copy's issue.
 __device__ __forceinline__ void record_put(const WireModel& w, int channel, size_t bytes,
                                            int lane) {
-  if (w.enabled && lane == 0) post(w, channel, bytes);
+  if (!w.enabled) return;
+  if (lane == 0) post(w, channel, bytes);
+  __syncwarp();
 }
 
 // Before a signal is released: waits until the emulated NIC has delivered it.
