@@ -1,6 +1,6 @@
 """The network leg's put plan (reference/network.py) and the counters transport_stats() shows.
 
-Rules (DESIGN.md section 5): per (chunk, destination domain) one put per maximal run of
+Rules (docs/multi-domain.md): per (chunk, destination domain) one put per maximal run of
 consecutive tokens per tensor (dense chunk: one per tensor) and exactly one signal, also for
 chunks with nothing to send; chunk c on channel (c % blocks) % channels.
 """

@@ -1,6 +1,6 @@
 """Handles: the tuples dispatch returns and combine (or a backward pass) passes back.
 
-Positions follow API.md. The last-but-one (permute) or last (dispatch) entry is the call's
+Positions follow docs/semantics.md (the dispatch and permute handles). The last-but-one (permute) or last (dispatch) entry is the call's
 ``HybridEPConfig``; it ties the handle to its buffer and records the call's mode.
 """
 

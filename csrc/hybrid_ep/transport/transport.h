@@ -1,4 +1,4 @@
-// The transport contract, host side (DESIGN.md section 3). Traffic between NVLink domains goes
+// The transport contract, host side (docs/architecture.md). Traffic between NVLink domains goes
 // through it; exactly one backend per build (backends/<name>, chosen by HYBRID_EP_TRANSPORT)
 // supplies, from its header `transport_backend.h`:
 //

@@ -1,4 +1,4 @@
-// The transport contract, device side (DESIGN.md section 3). The backend's header
+// The transport contract, device side (docs/architecture.md). The backend's header
 // `transport_backend.cuh` supplies `struct TransportDevice` with these static members, each
 // called by every lane of one warp with the same arguments (`lane` = the caller's lane):
 //

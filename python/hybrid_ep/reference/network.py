@@ -6,7 +6,7 @@ tokens for each tensor (rows, probs, FP8 scales) — a dense chunk is one run, s
 tensor — and exactly one signal, also when the chunk holds no token for that domain, so the
 receiver never waits forever. Chunk c is sent by block c % blocks on channel block % channels.
 The reference engine counts these operations so that tests (and the CUDA engine's counters)
-have an oracle; DESIGN.md section 5 gives the rules.
+have an oracle; docs/multi-domain.md (Dispatch, Combine) states the same rules.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-// Maximal runs of consecutive tokens, built by a warp in parallel (DESIGN.md section 5: never
-// post from a single lane what the warp can build). Each 32-token window is one ballot; a lane
+// Maximal runs of consecutive tokens, built by a warp in parallel (never post from a
+// single lane what the warp can build). Each 32-token window is one ballot; a lane
 // that ends a run writes its descriptor, pairing itself with the run's start by counting the
 // starts and ends before it, and a run that reaches the window's last lane stays open into
 // the next window.
