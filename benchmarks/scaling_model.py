@@ -37,7 +37,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from hybrid_ep.wire_spec import WireSpec, parse
+from hybrid_ep.backends.p2p_wire import WireSpec, parse
 
 NO_WIRE, RUN, TOKEN = "no wire", "wire, run probs", "wire, token probs"
 TOLERANCE = 0.15  # the target for held-out points

@@ -1,4 +1,4 @@
-"""The doca build's settings, resolved in Python (hybrid_ep.transport_options is their one
+"""The doca build's settings, resolved in Python (hybrid_ep.backends.doca is their one
 source): HYBRID_EP_NIC_MAPPING parsing and validation, NIC selection by PCIe distance and the
 RoCE GID on a fake sysfs, and the queue-depth arithmetic with its errors."""
 
@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hybrid_ep import config, nic_topology, transport_options
+from hybrid_ep import config, transport_options
+from hybrid_ep.backends import doca, nic_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,10 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_nic_mapping_keeps_order_and_several_nics_per_gpu():
-    mapping = config.parse_nic_mapping("0:mlx5_0:1, 0:mlx5_1 ,1:mlx5_2:2")
+    mapping = doca.parse_nic_mapping("0:mlx5_0:1, 0:mlx5_1 ,1:mlx5_2:2")
     assert mapping == {0: [("mlx5_0", 1), ("mlx5_1", 1)], 1: [("mlx5_2", 2)]}
-    assert config.parse_nic_mapping("auto") is None
-    assert config.parse_nic_mapping(None) is None
+    assert doca.parse_nic_mapping("auto") is None
+    assert doca.parse_nic_mapping(None) is None
 
 
 @pytest.mark.parametrize(
@@ -42,7 +43,7 @@ def test_nic_mapping_keeps_order_and_several_nics_per_gpu():
 )
 def test_nic_mapping_rejects_malformed_values(text, fragment):
     with pytest.raises(ValueError, match="HYBRID_EP_NIC_MAPPING") as error:
-        config.parse_nic_mapping(text)
+        doca.parse_nic_mapping(text)
     assert fragment in str(error.value)
 
 
@@ -150,7 +151,7 @@ def test_no_nic_is_an_error_naming_the_variable(tmp_path):
 
 
 def test_mapping_overrides_distance_and_is_checked_against_the_nics(sysfs):
-    mapping = config.parse_nic_mapping("0:mlx5_1,1:mlx5_0:1,1:mlx5_1")
+    mapping = doca.parse_nic_mapping("0:mlx5_1,1:mlx5_0:1,1:mlx5_1")
     assert nic_topology.nics_for_gpu(mapping, 0, GPU, sysfs.root) == [("mlx5_1", 1)]
     assert nic_topology.nics_for_gpu(mapping, 1, GPU, sysfs.root) == [("mlx5_0", 1), ("mlx5_1", 1)]
     assert nic_topology.nics_for_gpu(None, 0, GPU, sysfs.root) == [("mlx5_0", 1)]
@@ -180,7 +181,7 @@ def test_auto_gid_index_prefers_roce_v2_ipv4(tmp_path):
 
 def test_max_net_tensors_matches_the_kernels():
     header = (ROOT / "csrc" / "hybrid_ep" / "kernels" / "network_send.cuh").read_text()
-    assert f"kMaxNetTensors = {transport_options.MAX_NET_TENSORS};" in header
+    assert f"kMaxNetTensors = {doca.MAX_NET_TENSORS};" in header
 
 
 def test_sending_warps_match_the_kernels():
@@ -188,7 +189,7 @@ def test_sending_warps_match_the_kernels():
     dispatch = re.search(r"kNetworkWarps = (\d+);", (kernels / "dispatch.cu").read_text())
     combine = re.search(r"kNetworkWarps = (\d+);", (kernels / "combine_ring.cuh").read_text())
     most = max(int(dispatch[1]), int(combine[1]))
-    assert transport_options.SENDING_WARPS_PER_BLOCK >= most
+    assert doca.SENDING_WARPS_PER_BLOCK >= most
 
 
 @pytest.mark.parametrize(
@@ -202,20 +203,20 @@ def test_sending_warps_match_the_kernels():
     ],
 )
 def test_worst_case_work_requests(chunk, blocks, channels, wqes):
-    assert transport_options.worst_case_wqes(chunk, blocks, channels) == wqes
+    assert doca.worst_case_wqes(chunk, blocks, channels) == wqes
 
 
 def test_auto_depth_is_the_next_power_of_two():
-    assert transport_options.resolve_qp_depth(None, 64, 16, 1) == 16384
-    assert transport_options.resolve_qp_depth(None, 64, 16, 16) == 1024
-    assert transport_options.resolve_qp_depth(None, 1, 1, 1) == 64  # a floor, not 32
-    assert transport_options.resolve_qp_depth(16384, 64, 16, 1) == 16384
-    assert transport_options.resolve_qp_depth(13000, 64, 16, 1) == 13000
+    assert doca.resolve_qp_depth(None, 64, 16, 1) == 16384
+    assert doca.resolve_qp_depth(None, 64, 16, 16) == 1024
+    assert doca.resolve_qp_depth(None, 1, 1, 1) == 64  # a floor, not 32
+    assert doca.resolve_qp_depth(16384, 64, 16, 1) == 16384
+    assert doca.resolve_qp_depth(13000, 64, 16, 1) == 13000
 
 
 def test_too_small_a_depth_names_the_limit_to_raise():
     with pytest.raises(ValueError) as error:
-        transport_options.resolve_qp_depth(8192, 64, 16, 1)
+        doca.resolve_qp_depth(8192, 64, 16, 1)
     message = str(error.value)
     assert "HYBRID_EP_DOCA_QP_DEPTH=8192" in message
     assert "at least 16384" in message and "12416 work requests" in message
@@ -224,16 +225,16 @@ def test_too_small_a_depth_names_the_limit_to_raise():
 
 def test_a_config_no_queue_holds_asks_for_more_channels():
     with pytest.raises(ValueError, match="raise HYBRID_EP_NUM_CHANNELS to at least") as error:
-        transport_options.resolve_qp_depth(None, 1024, 132, 1)
+        doca.resolve_qp_depth(None, 1024, 132, 1)
     channels = int(re.search(r"at least (\d+)", str(error.value))[1])
-    assert transport_options.worst_case_wqes(1024, 132, channels) <= transport_options.MAX_QP_DEPTH
-    assert transport_options.worst_case_wqes(1024, 132, channels - 1) > 32768
-    assert transport_options.resolve_qp_depth(None, 1024, 132, channels) <= 32768
+    assert doca.worst_case_wqes(1024, 132, channels) <= doca.MAX_QP_DEPTH
+    assert doca.worst_case_wqes(1024, 132, channels - 1) > 32768
+    assert doca.resolve_qp_depth(None, 1024, 132, channels) <= 32768
 
 
 def test_a_chunk_no_queue_holds_asks_for_a_smaller_chunk():
     with pytest.raises(ValueError, match="even with one block per channel; lower the chunk"):
-        transport_options.resolve_qp_depth(None, 4096, 132, 1)
+        doca.resolve_qp_depth(None, 4096, 132, 1)
 
 
 def test_doca_options_end_to_end(sysfs):
@@ -255,14 +256,14 @@ def test_doca_options_end_to_end(sysfs):
         num_of_tokens_per_chunk_dispatch_api=64,
         num_of_tokens_per_chunk_combine_api=32,
     )
-    options = transport_options.doca_options(env, cfg, 0, GPU, sysfs.root)
+    options = doca.doca_options(env, cfg, 0, GPU, sysfs.root)
     assert options == {
         "nics": "mlx5_0:1:0,mlx5_4:1:0",
         "traffic_class": "106",
-        "qp_depth": str(transport_options.resolve_qp_depth(None, 64, 24, 2)),
+        "qp_depth": str(doca.resolve_qp_depth(None, 64, 24, 2)),
     }
     env.ib_gid_index = 5
-    assert transport_options.doca_options(env, cfg, 0, GPU, sysfs.root)["nics"] == (
+    assert doca.doca_options(env, cfg, 0, GPU, sysfs.root)["nics"] == (
         "mlx5_0:1:5,mlx5_4:1:5"
     )
 

@@ -1,4 +1,4 @@
-"""The nixl transport's control plane (hybrid_ep/nixl_control.py): with real NIXL agents over
+"""The nixl transport's control plane (hybrid_ep/backends/nixl_control.py): with real NIXL agents over
 UCX on DRAM between worker processes when the nixl-cu13 wheel is installed (metadata through the
 gloo group, registration, connection, a host-side transfer, teardown), and with a fake agent
 for the paths a CPU cannot produce (memory views, etcd, a peer that never answers)."""
@@ -11,8 +11,13 @@ import uuid
 
 import pytest
 
-from hybrid_ep import nixl_control
-from hybrid_ep.nixl_control import NixlControlPlane, NixlPeerTimeout, NixlUnavailableError, Region
+from hybrid_ep.backends import nixl_control
+from hybrid_ep.backends.nixl_control import (
+    NixlControlPlane,
+    NixlPeerTimeout,
+    NixlUnavailableError,
+    Region,
+)
 
 needs_nixl = pytest.mark.skipif(importlib.util.find_spec("nixl_cu13") is None,
                                 reason="nixl-cu13 is not installed (pip install nixl-cu13==1.5.1)")

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from hybrid_ep import transport_bootstrap, transport_options
+from hybrid_ep.backends import nvshmem
 from hybrid_ep.config import EnvSettings
 
 MIB = 1 << 20
@@ -22,7 +23,7 @@ def _env(**fields) -> EnvSettings:
 def test_single_host_defaults(monkeypatch):
     for name in ("HYBRID_EP_NUM_CHANNELS", "HYBRID_EP_IB_GID_INDEX"):
         monkeypatch.delenv(name, raising=False)
-    out = transport_options.nvshmem_environment(["a", "a", "a", "a"], _env(), 100 * MIB + 1)
+    out = nvshmem.nvshmem_environment(["a", "a", "a", "a"], _env(), 100 * MIB + 1)
     assert out == {
         "NVSHMEM_SYMMETRIC_SIZE": str(358 * MIB),  # 100 MiB + 1 + 256 MiB, up to 2 MiB
         "NVSHMEM_DISABLE_NVLS": "1",
@@ -34,7 +35,7 @@ def test_single_host_defaults(monkeypatch):
 
 def test_several_hosts_use_ibgda_with_a_queue_pair_per_channel():
     env = _env(num_channels=4, ib_gid_index=3, ib_traffic_class=106)
-    out = transport_options.nvshmem_environment(["a", "a", "b", "b"], env, 2 * MIB)
+    out = nvshmem.nvshmem_environment(["a", "a", "b", "b"], env, 2 * MIB)
     assert out["NVSHMEM_IB_ENABLE_IBGDA"] == "1"
     assert out["NVSHMEM_IBGDA_NUM_RC_PER_PE"] == "4"
     assert out["NVSHMEM_IBGDA_RC_MAP_BY"] == "cta"
@@ -43,7 +44,7 @@ def test_several_hosts_use_ibgda_with_a_queue_pair_per_channel():
     assert out["NVSHMEM_SYMMETRIC_SIZE"] == str(258 * MIB)
     assert "NVSHMEM_REMOTE_TRANSPORT" not in out
     assert "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME" not in out
-    auto = transport_options.nvshmem_environment(["a", "b"], _env(ib_gid_index=None,
+    auto = nvshmem.nvshmem_environment(["a", "b"], _env(ib_gid_index=None,
                                                                   ib_traffic_class=0), 0)
     assert "NVSHMEM_IB_GID_INDEX" not in auto and "NVSHMEM_IB_TRAFFIC_CLASS" not in auto
 
@@ -52,11 +53,11 @@ def test_apply_never_overrides_a_user_value():
     environ = {"NVSHMEM_REMOTE_TRANSPORT": "ibrc", "NVSHMEM_DISABLE_NCCL": ""}
     defaults = {"NVSHMEM_REMOTE_TRANSPORT": "none", "NVSHMEM_DISABLE_NCCL": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
-    applied = transport_options.apply_environment(defaults, environ)
+    applied = nvshmem.apply_environment(defaults, environ)
     assert applied == {"NVSHMEM_DISABLE_NVLS": "1"}
     assert environ == {"NVSHMEM_REMOTE_TRANSPORT": "ibrc", "NVSHMEM_DISABLE_NCCL": "",
                        "NVSHMEM_DISABLE_NVLS": "1"}
-    assert transport_options.apply_environment(defaults, environ) == {}
+    assert nvshmem.apply_environment(defaults, environ) == {}
 
 
 class _FakeRuntime:
@@ -98,7 +99,7 @@ def _run_group(monkeypatch, modules, hosts):
     """group_options on every rank of a fake group: all-gathers answer from the other ranks'
     local entries (computed with their own fake module) as a real process group would."""
     world = len(modules)
-    monkeypatch.setattr(transport_options, "apply_environment", lambda defaults: {})
+    monkeypatch.setattr(nvshmem, "apply_environment", lambda defaults: {})
     results = []
     for rank in range(world):
         calls = iter([hosts, [transport_bootstrap._local_entry(modules[r], r)

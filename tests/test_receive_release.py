@@ -15,7 +15,7 @@ import torch
 
 from hybrid_ep.cuda_engine import CudaEngine
 from hybrid_ep.engines import NeedsGrowth
-from hybrid_ep.reference.layout import DispatchLayout
+from hybrid_ep.layouts import DispatchLayout
 
 
 class RecordingRuntime:

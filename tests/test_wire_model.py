@@ -8,21 +8,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybrid_ep import config, transport_options, wire_spec
+from hybrid_ep import config, transport_options
+from hybrid_ep.backends import doca, p2p_wire
 from hybrid_ep.gpubench import domains
 from hybrid_ep.reference import network
 
 
 def test_a_full_spec_parses_and_round_trips():
-    spec = wire_spec.parse("gbps=50,latency_us=3,op_ns=400,rails=2")
-    assert spec == wire_spec.WireSpec(gbps=50, latency_us=3, op_ns=400, rails=2)
-    assert wire_spec.parse(spec.text()) == spec
+    spec = p2p_wire.parse("gbps=50,latency_us=3,op_ns=400,rails=2")
+    assert spec == p2p_wire.WireSpec(gbps=50, latency_us=3, op_ns=400, rails=2)
+    assert p2p_wire.parse(spec.text()) == spec
 
 
 def test_missing_keys_take_the_defaults_and_off_is_none():
-    assert wire_spec.parse("gbps=25") == wire_spec.WireSpec(gbps=25)
+    assert p2p_wire.parse("gbps=25") == p2p_wire.WireSpec(gbps=25)
     for text in (None, "", "off", "0"):
-        assert wire_spec.parse(text) is None
+        assert p2p_wire.parse(text) is None
 
 
 @pytest.mark.parametrize("text", ["gbps", "gbps=fast", "bandwidth=50", "gbps=0", "gbps=-1",
@@ -30,21 +31,21 @@ def test_missing_keys_take_the_defaults_and_off_is_none():
                                   "op_ns=-3", "gbps=50;rails=1"])
 def test_bad_specs_raise_naming_the_variable(text, monkeypatch):
     with pytest.raises(ValueError, match="HYBRID_EP_P2P_WIRE"):
-        wire_spec.parse(text)
+        p2p_wire.parse(text)
     monkeypatch.setenv("HYBRID_EP_P2P_WIRE", text)
     with pytest.raises(ValueError, match="HYBRID_EP_P2P_WIRE"):
         config.EnvSettings.read()
 
 
 def test_transport_options_are_integer_femtoseconds_and_nanoseconds():
-    spec = wire_spec.WireSpec(gbps=50, latency_us=3, op_ns=400, rails=4)
+    spec = p2p_wire.WireSpec(gbps=50, latency_us=3, op_ns=400, rails=4)
     assert spec.transport_options() == {"wire_fs_per_byte": "20000", "wire_op_ns": "400",
                                         "wire_latency_ns": "3000", "wire_rails": "4"}
-    assert wire_spec.WireSpec(gbps=400).transport_options()["wire_fs_per_byte"] == "2500"
+    assert p2p_wire.WireSpec(gbps=400).transport_options()["wire_fs_per_byte"] == "2500"
 
 
 def test_lower_bound_spreads_bytes_and_operations_over_the_rails_used():
-    spec = wire_spec.WireSpec(gbps=50, latency_us=3, op_ns=400, rails=2)
+    spec = p2p_wire.WireSpec(gbps=50, latency_us=3, op_ns=400, rails=2)
     one = (50e6 / 50e9 + 100 * 400e-9) + 3e-6
     assert spec.lower_bound_s(50e6, 100, rails_used=1) == pytest.approx(one)
     assert spec.lower_bound_s(50e6, 100) == pytest.approx((one - 3e-6) / 2 + 3e-6)
@@ -55,14 +56,14 @@ def test_env_reads_the_wire_and_the_prob_puts(monkeypatch):
     monkeypatch.setenv("HYBRID_EP_P2P_WIRE", "gbps=10")
     monkeypatch.setenv("HYBRID_EP_PROB_PUTS", "token")
     env = config.EnvSettings.read()
-    assert env.p2p_wire == wire_spec.WireSpec(gbps=10) and env.prob_puts == "token"
+    assert env.p2p_wire == p2p_wire.WireSpec(gbps=10) and env.prob_puts == "token"
     monkeypatch.setenv("HYBRID_EP_PROB_PUTS", "each")
     with pytest.raises(ValueError, match="HYBRID_EP_PROB_PUTS"):
         config.EnvSettings.read()
 
 
 def test_only_the_p2p_build_with_several_domains_gets_the_wire():
-    env = SimpleNamespace(p2p_wire=wire_spec.WireSpec(gbps=50), nixl_direct=True,
+    env = SimpleNamespace(p2p_wire=p2p_wire.WireSpec(gbps=50), nixl_direct=True,
                           nvshmem_direct=True)
     assert transport_options.runtime_options("p2p", 2, env, None, None)["wire_rails"] == "1"
     assert transport_options.runtime_options("p2p", 1, env, None, None) == {}
@@ -89,8 +90,8 @@ def test_per_token_probs_cost_one_put_per_token_in_the_model():
 
 
 def test_doca_queue_depth_counts_per_token_prob_puts():
-    runs = transport_options.worst_case_wqes(64, 16, 1)
-    tokens = transport_options.worst_case_wqes(64, 16, 1, per_token_probs=True)
+    runs = doca.worst_case_wqes(64, 16, 1)
+    tokens = doca.worst_case_wqes(64, 16, 1, per_token_probs=True)
     assert tokens - runs == (64 - 32) * 8 * 16
 
 

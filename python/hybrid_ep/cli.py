@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from . import wire_spec
+from .backends import p2p_wire
 
 # Defaults of the CPU bench (the reference engine over gloo); --device cuda has its own
 # (hybrid_ep.gpubench.GpuBenchConfig).
@@ -96,11 +96,11 @@ def _bench_domains(args) -> int:
                                                      "topk", "iters", "warmup", "sms")
              if getattr(args, name) is not None}
     try:
-        wire = wire_spec.parse(args.wire, "--wire")
+        wire = p2p_wire.parse(args.wire, "--wire")
     except ValueError as error:
         raise SystemExit(str(error)) from None
     if args.wire is not None and wire is None:
-        raise SystemExit(f"--wire {args.wire!r}: expected a spec such as {wire_spec.DEFAULT_TEXT}")
+        raise SystemExit(f"--wire {args.wire!r}: expected a spec such as {p2p_wire.DEFAULT_TEXT}")
     cfg = domains.DomainBenchConfig(
         ranks=args.ranks if args.ranks is not None else 2 * args.nodes, nodes=args.nodes,
         channels=channels, seed=args.seed, label=args.label or "", mps=not args.no_mps,

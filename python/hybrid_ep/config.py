@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import wire_spec
-from .wire_spec import WireSpec
+from .backends import doca, nixl_control, p2p_wire
+from .backends.p2p_wire import WireSpec
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
-    # NVSHMEM's own variables that the nvshmem build sets when unset (transport_options.py,
+    # NVSHMEM's own variables that the nvshmem build sets when unset (backends/nvshmem.py,
     # nvshmem_environment), with several domains only; a user's value always wins.
     EnvVar("NVSHMEM_REMOTE_TRANSPORT", "none on one host",
            "NVSHMEM's transport between hosts (nvshmem build); one host: P2P for every pair"),
@@ -167,61 +167,11 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-_NIC_ENTRY = re.compile(r"^(\d+):([A-Za-z0-9_.\-]+)(?::(\d+))?$")
-
-
-def parse_nic_mapping(text: str | None) -> dict[int, list[tuple[str, int]]] | None:
-    """``gpu:nic[:port],...`` -> {gpu: [(nic, port), ...]} in the order given; several NICs per
-    GPU allowed (each becomes a channel's NIC), the same (gpu, nic, port) twice is not."""
-    if text is None or text == "auto":
-        return None
-    mapping: dict[int, list[tuple[str, int]]] = {}
-    for entry in text.split(","):
-        match = _NIC_ENTRY.match(entry.strip())
-        if match is None:
-            raise ValueError(f"environment variable HYBRID_EP_NIC_MAPPING={text!r}: entry {entry!r} "
-                             "is not gpu:nic[:port] (e.g. 0:mlx5_0:1,1:mlx5_1)")
-        gpu, nic, port = int(match[1]), match[2], int(match[3] or 1)
-        if not 1 <= port <= 255:
-            raise ValueError(f"environment variable HYBRID_EP_NIC_MAPPING={text!r}: port of "
-                             f"{entry!r} must be in 1..255")
-        if (nic, port) in mapping.get(gpu, []):
-            raise ValueError(f"environment variable HYBRID_EP_NIC_MAPPING={text!r}: {nic} port "
-                             f"{port} is listed twice for GPU {gpu}")
-        mapping.setdefault(gpu, []).append((nic, port))
-    return mapping
-
-
 def gid_index_from_env() -> int | None:
     """HYBRID_EP_IB_GID_INDEX: 0-255, or auto/unset (None)."""
     if (_raw("HYBRID_EP_IB_GID_INDEX") or "auto") == "auto":
         return None
     return env_int("HYBRID_EP_IB_GID_INDEX", None, 0, 255)
-
-
-def qp_depth_from_env() -> int | None:
-    """HYBRID_EP_DOCA_QP_DEPTH: a power of two up to 32768, or auto/unset (None)."""
-    if (_raw("HYBRID_EP_DOCA_QP_DEPTH") or "auto") == "auto":
-        return None
-    depth = env_int("HYBRID_EP_DOCA_QP_DEPTH", None, 1, 32768)
-    if depth & (depth - 1):
-        raise ValueError(f"environment variable HYBRID_EP_DOCA_QP_DEPTH={depth}: expected a "
-                         "power of two (up to 32768) or auto")
-    return depth
-
-
-_ETCD_ENDPOINT = re.compile(r"^https?://[A-Za-z0-9_.\-\[\]:]+:\d+/?$")
-
-
-def parse_etcd_endpoints(text: str | None) -> tuple[str, ...]:
-    if text is None:
-        return ()
-    endpoints = tuple(e.strip() for e in text.split(","))
-    for endpoint in endpoints:
-        if not _ETCD_ENDPOINT.match(endpoint):
-            raise ValueError(f"environment variable NIXL_ETCD_ENDPOINTS={text!r}: {endpoint!r} is "
-                             "not http(s)://host:port")
-    return endpoints
 
 
 def num_channels_from_env() -> int:
@@ -231,20 +181,6 @@ def num_channels_from_env() -> int:
         raise ValueError(f"environment variables HYBRID_EP_NUM_CHANNELS={primary} and "
                          f"DEEPEP_NIXL_GDA_NUM_CHANNELS={alias} disagree; set one of them")
     return primary or alias or 1
-
-
-def run_id_from_env() -> str | None:
-    run_id = _raw("DEEPEP_NIXL_RUN_ID")
-    if run_id is not None:
-        if not re.match(r"^[A-Za-z0-9_.\-]+$", run_id):
-            raise ValueError(f"environment variable DEEPEP_NIXL_RUN_ID={run_id!r}: expected "
-                             "letters, digits, '.', '_' or '-'")
-        return run_id
-    job = os.environ.get("SLURM_JOB_ID")
-    if job:
-        step = os.environ.get("SLURM_STEP_ID")
-        return f"slurm-{job}" + (f"-{step}" if step else "")
-    return None
 
 
 def combine_pieces_from_env() -> int:
@@ -307,21 +243,21 @@ class EnvSettings:
             stages_g2s_combine=env_int("NUM_OF_STAGES_G2S_COMBINE_API", 16, 1, 64),
             stages_s2g_combine=env_int("NUM_OF_STAGES_S2G_COMBINE_API", 2, 1, 64),
             num_channels=num_channels_from_env(),
-            run_id=run_id_from_env(),
-            etcd_endpoints=parse_etcd_endpoints(_raw("NIXL_ETCD_ENDPOINTS")),
-            nic_mapping=parse_nic_mapping(_raw("HYBRID_EP_NIC_MAPPING")),
+            run_id=nixl_control.parse_run_id(_raw("DEEPEP_NIXL_RUN_ID"), os.environ),
+            etcd_endpoints=nixl_control.parse_etcd_endpoints(_raw("NIXL_ETCD_ENDPOINTS")),
+            nic_mapping=doca.parse_nic_mapping(_raw("HYBRID_EP_NIC_MAPPING")),
             engine=env_choice("HYBRID_EP_ENGINE", "auto", ("auto", "reference", "cuda")),
             timeout_s=env_float("HYBRID_EP_TIMEOUT_S", 30.0),
             cache_dir=cache_dir(),
             combine_pieces=combine_pieces_from_env(),
             ib_gid_index=gid_index_from_env(),
             ib_traffic_class=env_int("HYBRID_EP_IB_TRAFFIC_CLASS", 0, 0, 255),
-            doca_qp_depth=qp_depth_from_env(),
+            doca_qp_depth=doca.parse_qp_depth(_raw("HYBRID_EP_DOCA_QP_DEPTH")),
             nixl_direct=env_bool("HYBRID_EP_NIXL_DIRECT", True),
             nixl_progress_thread=env_bool("HYBRID_EP_NIXL_PROGRESS_THREAD", False),
             nvshmem_direct=env_bool("HYBRID_EP_NVSHMEM_DIRECT", True),
             combine_wire=env_choice("HYBRID_EP_COMBINE_WIRE", "bf16", ("bf16", "fp32")),
-            p2p_wire=wire_spec.parse(_raw("HYBRID_EP_P2P_WIRE")),
+            p2p_wire=p2p_wire.parse(_raw("HYBRID_EP_P2P_WIRE")),
             prob_puts=env_choice("HYBRID_EP_PROB_PUTS", "run", ("run", "token")),
         )
 

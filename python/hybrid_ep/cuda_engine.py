@@ -19,7 +19,7 @@ from .call_stamp import CallStamp, differences
 from .config import EnvSettings, HybridEPConfig
 from .engines import NeedsGrowth
 from .errors import HybridEPMismatchError, HybridEPTimeoutError
-from .reference.layout import DispatchLayout, PermuteLayout, ceil_div
+from .layouts import DispatchLayout, PermuteLayout, ceil_div
 from .registered_views import RegisteredViews
 from .topology import Topology
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .config import HybridEPConfig
-from .reference.layout import DispatchLayout
+from .layouts import DispatchLayout
 
 DISPATCH_HANDLE_LEN = 7
 PERMUTE_HANDLE_LEN = 11

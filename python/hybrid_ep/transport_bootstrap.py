@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 
-from . import transport_options
+from .backends import nvshmem
 from .config import EnvSettings
 from .topology import gather_objects
 
@@ -29,8 +29,8 @@ def group_options(C, group, rank: int, rc, env: EnvSettings | None = None) -> di
         return {}
     env = EnvSettings.read() if env is None else env
     hostnames = gather_objects(socket.gethostname(), group)
-    transport_options.apply_environment(
-        transport_options.nvshmem_environment(hostnames, env, C.Runtime.bytes_for(rc)))
+    nvshmem.apply_environment(
+        nvshmem.nvshmem_environment(hostnames, env, C.Runtime.bytes_for(rc)))
     entries = gather_objects(_local_entry(C, rank), group)
     failed = [(r, error) for r, (error, _) in enumerate(entries) if error is not None]
     if failed:

@@ -3,14 +3,14 @@ that knows how each build's transport is bootstrapped (the CUDA engine and the G
 tests both connect through it).
 
 Most builds exchange ``transport_bootstrap()`` blobs through the process group. The nixl build
-runs its control plane here instead (``nixl_control.py``): NIXL agents exchange metadata and
+runs its control plane here instead (``backends/nixl_control.py``): NIXL agents exchange metadata and
 prepare memory views, whose addresses become the blobs. The returned handle must be closed
 after the GPU is done with the transport and before the runtime (its buffer) is dropped.
 """
 
 from __future__ import annotations
 
-from . import nixl_control
+from .backends import nixl_control
 from .topology import gather_objects
 
 

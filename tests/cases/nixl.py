@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hybrid_ep.nixl_control import NixlControlPlane, NixlPeerTimeout, Region
+from hybrid_ep.backends.nixl_control import NixlControlPlane, NixlPeerTimeout, Region
 
 from .common import job_group, rank, world
 

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from gpu_cases import job
 
-from hybrid_ep import native, transport_bootstrap, transport_connect, transport_options, wire_spec
+from hybrid_ep import native, transport_bootstrap, transport_connect, transport_options
+from hybrid_ep.backends import p2p_wire
 from hybrid_ep.config import EnvSettings
 from hybrid_ep.topology import gather_objects
 
@@ -149,7 +150,7 @@ def wire_delivery(ctx, nodes: int, nbytes: int, spec: str, rounds: int) -> dict:
     emulated delivery of the put before it (two operations, the bytes and the latency after
     the put was posted), measured on the GPU's global timer, which every rank of one GPU
     shares."""
-    wire = wire_spec.parse(spec)
+    wire = p2p_wire.parse(spec)
     rank, R = ctx.rank, ctx.W // nodes
     runtime, connection = _connected_runtime(ctx, nodes, 1, max_tokens=64,
                                              options=wire.transport_options())

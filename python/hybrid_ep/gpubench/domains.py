@@ -14,7 +14,7 @@ dispatch), and per call from ``transport_stats()``: puts, signals and bytes this
 the network. Beside the dispatch's puts, the count a per-token probability put would need: one
 put per (token, destination domain) instead of one per run.
 
-With ``--wire SPEC`` (the p2p build's emulated NIC, :mod:`hybrid_ep.wire_spec`) each channel
+With ``--wire SPEC`` (the p2p build's emulated NIC, :mod:`hybrid_ep.backends.p2p_wire`) each channel
 count runs three forms in the same processes: without the wire (what the domains alone take),
 under the wire with the probs put per run (restriped, the default) and per token
 (``HYBRID_EP_PROB_PUTS=token``). Per operation under the wire: the lower bound, the larger of
@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import oracle, wire_spec
+from .. import oracle
+from ..backends import p2p_wire
 from ..config import EnvSettings
 from . import mps
 from .config import GpuBenchConfig, make_routing, make_tokens
@@ -206,7 +207,7 @@ def summarize(cfg: DomainBenchConfig, results: list[dict], baseline: list[dict] 
     """One row per operation of one form of one channel count: medians over ranks and timed
     steps. Under the wire, ``baseline`` holds the rows of the form without it."""
     rows = []
-    spec = wire_spec.parse(cfg.wire, "--wire") if results[0].get("form", "").startswith("wire") \
+    spec = p2p_wire.parse(cfg.wire, "--wire") if results[0].get("form", "").startswith("wire") \
         else None
     for i, op in enumerate(DOMAIN_OPS):
         seconds = statistics.median(s for r in results for s in r["api_s"][op])

@@ -12,13 +12,14 @@ HYBRID_EP_TIMEOUT_S and then raises :class:`NixlPeerTimeout` naming the peer and
 
 from __future__ import annotations
 
+import re
 import struct
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .topology import gather_objects
+from ..topology import gather_objects
 
 # The NIXL Python packages, in order: the nixl-cu13 wheel, then a NIXL install's own package.
 _NIXL_MODULES = ("nixl_cu13._api", "nixl._api")
@@ -261,3 +262,33 @@ class NixlControlPlane:
         self.agent = None
         if errors:
             raise RuntimeError("nixl transport teardown: " + "; ".join(errors))
+
+
+# Settings of the nixl build, parsed from the environment by config.EnvSettings.read().
+_ETCD_ENDPOINT = re.compile(r"^https?://[A-Za-z0-9_.\-\[\]:]+:\d+/?$")
+
+
+def parse_etcd_endpoints(text: str | None) -> tuple[str, ...]:
+    """NIXL_ETCD_ENDPOINTS: comma-separated http(s)://host:port, or unset (none)."""
+    if text is None:
+        return ()
+    endpoints = tuple(e.strip() for e in text.split(","))
+    for endpoint in endpoints:
+        if not _ETCD_ENDPOINT.match(endpoint):
+            raise ValueError(f"environment variable NIXL_ETCD_ENDPOINTS={text!r}: {endpoint!r} is "
+                             "not http(s)://host:port")
+    return endpoints
+
+
+def parse_run_id(text: str | None, environ) -> str | None:
+    """DEEPEP_NIXL_RUN_ID, else one made of the Slurm job and step (``environ``), else None."""
+    if text is not None:
+        if not re.match(r"^[A-Za-z0-9_.\-]+$", text):
+            raise ValueError(f"environment variable DEEPEP_NIXL_RUN_ID={text!r}: expected "
+                             "letters, digits, '.', '_' or '-'")
+        return text
+    job = environ.get("SLURM_JOB_ID")
+    if job:
+        step = environ.get("SLURM_STEP_ID")
+        return f"slurm-{job}" + (f"-{step}" if step else "")
+    return None

@@ -81,7 +81,7 @@ def nics_for_gpu(
     sysfs: Path = SYSFS,
 ) -> list[tuple[str, int]]:
     """The NICs of CUDA device ``gpu_index``: from HYBRID_EP_NIC_MAPPING (already parsed, see
-    config.parse_nic_mapping), checked against the NICs present, or by PCIe distance."""
+    backends/doca.py parse_nic_mapping), checked against the NICs present, or by PCIe distance."""
     if mapping is None:
         return nearest_nics(gpu_bus_id, sysfs)
     if gpu_index not in mapping:
