@@ -1,5 +1,6 @@
 """The command line: ``python -m hybrid_ep bench`` (and the ``hybrid-ep`` console script) runs
-the reference engine over gloo at 2 ranks, verifies the results and exits 0."""
+the benchmark package (hybrid_ep_bench) on the reference engine over gloo at 2 ranks, verifies
+the results and exits 0; without that package it says how to install it."""
 
 from __future__ import annotations
 
@@ -73,6 +74,28 @@ def test_bench_json_path_is_checked_before_the_run(tmp_path):
     _fails([sys.executable, "-m", "hybrid_ep", "bench", *SMALL, "--json",
             str(tmp_path / "missing" / "out.json")], tmp_path, "--json", "missing")
     assert time.monotonic() - start < 60
+
+
+def test_bench_without_the_bench_package_names_its_install_command(tmp_path):
+    hidden = ("import sys; sys.modules['hybrid_ep_bench'] = None; from hybrid_ep.cli import main; "
+              "sys.exit(main(['bench', '--ranks', '2']))")
+    _fails([sys.executable, "-c", hidden], tmp_path, "hybrid-ep-bench is not installed",
+           "pip install --no-build-isolation ./benchmarks")
+
+
+def test_the_product_holds_no_bench_code():
+    """The measurement code lives in hybrid_ep_bench: neither the Python package nor its
+    compiled core carries it."""
+    import hybrid_ep
+    from hybrid_ep import native
+
+    package = os.path.dirname(hybrid_ep.__file__)
+    for name in ("bench.py", "oracle.py", "gpubench"):
+        assert not os.path.exists(os.path.join(package, name)), name
+    core = native.load()
+    if not isinstance(core, ImportError):
+        for name in ("copy_ceiling", "start_gate", "gpu_time_ns"):
+            assert not hasattr(core, name), name
 
 
 def test_info_shows_values_in_effect_and_flags_malformed_ones(tmp_path):

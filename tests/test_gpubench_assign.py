@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from hybrid_ep.gpubench.config import OPS, RankResult
-from hybrid_ep.gpubench.ranks import _assign_kernels
-from hybrid_ep.gpubench.timing import short_kernel_name
+from hybrid_ep_bench.gpubench import rank_skew
+from hybrid_ep_bench.gpubench.config import OPS, RankResult
+from hybrid_ep_bench.gpubench.ranks import _assign_kernels
+from hybrid_ep_bench.gpubench.timing import short_kernel_name
 
 NAME = "void hybrid_ep::(anonymous namespace)::{}(hybrid_ep::Params)"
 
@@ -43,21 +44,9 @@ def test_permute_pair_kernels_are_summed_per_op():
     assert result.profiler_note is None
 
 
-def _rank_skew():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "rank_skew.py"
-    spec = importlib.util.spec_from_file_location("rank_skew", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_rank_skew_matches_launches_per_op_from_the_end():
     """Two ops launch dispatch_kernel each step; rank 1 starts 10 us late and both end
     together (the kernel waits for its peers); rank 0's profiler missed its first launch."""
-    rank_skew = _rank_skew()
     durations = {"first": 100.0, "second": 50.0}
     ranks = {}
     for rank in range(2):
@@ -83,8 +72,8 @@ def test_rank_skew_matches_launches_per_op_from_the_end():
 
 
 def test_mps_share_does_not_depend_on_the_permute_ops():
-    from hybrid_ep.gpubench.config import GpuBenchConfig, RunSpec
-    from hybrid_ep.gpubench.ranks import plan_sharing
+    from hybrid_ep_bench.gpubench.config import GpuBenchConfig, RunSpec
+    from hybrid_ep_bench.gpubench.ranks import plan_sharing
 
     for ranks, sms, share in ((2, 8, 50), (8, 16, 13)):
         spec = RunSpec("sm", ranks, sms)

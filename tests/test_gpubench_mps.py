@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hybrid_ep.gpubench import mps
+from hybrid_ep_bench.gpubench import mps
 
 FAKE = """#!/bin/sh
 # A stand-in for nvidia-cuda-mps-control: -d makes the control pipe, "quit" removes it.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from hybrid_ep.gpubench.spawn import run_ranks
+from hybrid_ep_bench.gpubench.spawn import run_ranks
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Started:
 def start_together(rank: int) -> Started:
     import time
 
-    from hybrid_ep.gpubench.timing import common_start
+    from hybrid_ep_bench.gpubench.timing import common_start
 
     if rank == 1:
         time.sleep(0.05)  # a rank arriving late: the others must not start before it

@@ -7,6 +7,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CPP_SUFFIXES = {".cu", ".cuh", ".h", ".cpp"}
+# The core, its backends and the benchmark package's kernels.
+CPP_FOLDERS = ("csrc", "backends", "benchmarks/csrc")
 
 
 def test_python_passes_ruff():
@@ -18,7 +20,7 @@ def test_python_passes_ruff():
 def test_cpp_matches_clang_format():
     tool = shutil.which("clang-format")
     assert tool, "clang-format is missing: install the test extras (bash tools/setup.sh --test)"
-    files = [str(p) for folder in ("csrc", "backends") for p in (ROOT / folder).rglob("*")
+    files = [str(p) for folder in CPP_FOLDERS for p in (ROOT / folder).rglob("*")
              if p.suffix in CPP_SUFFIXES]
     result = subprocess.run([tool, "--dry-run", "--Werror", *files], check=False,
                             capture_output=True, text=True, cwd=ROOT)
@@ -33,7 +35,7 @@ def test_device_functions_in_headers_are_inline_or_templates():
 
     pattern = re.compile(r"^(template\s*<[^\n]*>\s*\n)?(__device__[^\n(]*\()", re.MULTILINE)
     offenders = []
-    for folder in ("csrc", "backends"):
+    for folder in CPP_FOLDERS:
         for path in (ROOT / folder).rglob("*"):
             if path.suffix not in (".cuh", ".h"):
                 continue

@@ -4,7 +4,7 @@
 #   bash tools/gpu_run.sh OUT_DIR [--skip-build] [--tests-only | --bench-only | --build-only]
 #
 # OUT_DIR/env.txt        nvidia-smi, GPU count, versions, build info, MPS state
-# OUT_DIR/build.log      pip install --no-build-isolation --no-deps -e .
+# OUT_DIR/build.log      pip install --no-build-isolation --no-deps -e . ./benchmarks
 # OUT_DIR/gpu-tests.log  pytest tests/gpu -m gpu (junit: OUT_DIR/gpu-tests.xml)
 # OUT_DIR/bench.log      the benchmark ($BENCH_CMD)
 # OUT_DIR/summary.md     step status and times, test counts, bench exit status
@@ -187,8 +187,9 @@ echo "== env: $OUT/env.txt ($GPU_COUNT GPU(s): ${GPU_NAME:-unknown})"
 # -- build -----------------------------------------------------------------------------------
 if [ "$DO_BUILD" = 1 ]; then
   t0=$(now)
-  echo "== build: $PY -m pip install --no-build-isolation --no-deps -e . (log: build.log)"
-  if "$PY" -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+  # The benchmark package (benchmarks/, hybrid_ep_bench) too: the bench step runs it.
+  echo "== build: $PY -m pip install --no-build-isolation --no-deps -e . ./benchmarks (log: build.log)"
+  if "$PY" -m pip install --no-build-isolation --no-deps -e . ./benchmarks >"$OUT/build.log" 2>&1; then
     record build ok "$(elapsed "$t0")"
   else
     record build FAILED "$(elapsed "$t0")" "see build.log"

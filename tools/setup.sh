@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Set up this checkout on a fresh machine, or bring an existing setup up to date:
-#   bash tools/setup.sh          install hybrid-ep
-#   bash tools/setup.sh --test   install hybrid-ep with its test dependencies, and compile and
+#   bash tools/setup.sh          install hybrid-ep and its benchmark (hybrid-ep-bench, from
+#                                benchmarks/: what `hybrid-ep bench` runs)
+#   bash tools/setup.sh --test   the same with the test dependencies, and compile and
 #                                link the doca, nixl and nvshmem transports (build/doca,
 #                                build/nixl, build/nvshmem; their tests use them)
 # Uses whatever `python` is first on PATH (override with PYTHON=...). Safe to re-run: the
-# CMake build directory (build/<wheel tag>) persists, so a re-run recompiles only changes.
+# CMake build directories (build/<wheel tag>, benchmarks/build/<wheel tag>) persist, so a re-run
+# recompiles only changes.
 # Build options travel as environment variables, e.g. HYBRID_EP_TRANSPORT=p2p CUDAARCHS=90a.
 set -euo pipefail
 
@@ -14,7 +16,7 @@ for arg in "$@"; do
   case "$arg" in
     --test) extras="[test]" ;;
     -h | --help)
-      sed -n '2,9p' "$0"
+      sed -n '2,11p' "$0"
       exit 0
       ;;
     *)
@@ -73,11 +75,14 @@ if [ -n "$tools" ]; then
   run "$py" -m pip install $tools
 fi
 
-# 3. hybrid-ep itself. pip keeps an installed torch that satisfies torch>=2.4.
-echo "== hybrid-ep${extras}"
-run "$py" -m pip install --no-build-isolation ".${extras}"
+# 3. hybrid-ep itself and its benchmark, a package of its own (the product's wheel holds no
+# measurement code), in one pip call so that the benchmark's hybrid-ep requirement is this
+# checkout. pip keeps an installed torch that satisfies torch>=2.4.
+echo "== hybrid-ep${extras} and hybrid-ep-bench"
+run "$py" -m pip install --no-build-isolation ".${extras}" ./benchmarks
 
 run "$py" -c 'import hybrid_ep._C as c; print("hybrid_ep._C:", c.build_info())'
+run "$py" -c 'import hybrid_ep_bench._C as c; print("hybrid_ep_bench._C:", c.__file__)'
 
 # 4. With --test: the doca transport's build (preset doca) beside the installed one. It needs
 # only the DOCA GPUNetIO headers and links no DOCA library; tests/test_doca_loader.py runs its

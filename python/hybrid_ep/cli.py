@@ -1,5 +1,6 @@
-"""Command line: ``hybrid-ep bench`` (also ``python -m hybrid_ep``), ``hybrid-ep info`` and
-``hybrid-ep memory``."""
+"""Command line (also ``python -m hybrid_ep``): ``hybrid-ep bench`` (a thin door to the
+separately installed benchmark package, hybrid_ep_bench), ``hybrid-ep info``,
+``hybrid-ep deep-ep-shim`` and ``hybrid-ep memory``."""
 
 from __future__ import annotations
 
@@ -8,22 +9,8 @@ import json
 import os
 import sys
 
-from .backends import p2p_wire
 
-# Defaults of the CPU bench (the reference engine over gloo); --device cuda has its own
-# (hybrid_ep.gpubench.GpuBenchConfig).
-_CPU_DEFAULTS = {"ranks": 4, "hidden": 2048, "tokens": 512, "experts_per_rank": 4, "topk": 4,
-                 "iters": 5, "warmup": 1}
-
-
-def _check_shape(topk: int, experts_total: int, hidden: int) -> None:
-    if topk > experts_total:
-        raise SystemExit(f"--topk {topk} exceeds the {experts_total} experts in total")
-    if hidden % 128 != 0:
-        raise SystemExit(f"--hidden {hidden} must be a multiple of 128 (FP8 scales)")
-
-
-def _count(minimum: int):
+def count_at_least(minimum: int):
     """An argparse type: an int >= ``minimum`` (argparse reports anything else, no traceback)."""
     def parse(text: str) -> int:
         try:
@@ -36,7 +23,7 @@ def _count(minimum: int):
     return parse
 
 
-def _check_writable(path: str | None) -> None:
+def check_writable(path: str | None) -> None:
     """Fails before the run, not after it, when ``--json`` cannot be written."""
     if path is None:
         return
@@ -50,120 +37,21 @@ def _check_writable(path: str | None) -> None:
         raise SystemExit(f"--json {path}: folder {folder} does not exist or is not writable")
 
 
-def _bench(args) -> int:
-    from . import bench
+# The benchmark is a package of its own (benchmarks/pyproject.toml): the product holds nothing
+# that only measures.
+BENCH_MISSING = ("hybrid-ep bench: the benchmark package hybrid-ep-bench is not installed. "
+                 "Install it from the hybrid-ep checkout with `pip install --no-build-isolation "
+                 "./benchmarks` (bash tools/setup.sh installs it too).")
 
-    _check_writable(args.json)
-    device = bench.pick_device(args.device)
-    if args.wire is not None and (device != "cuda" or args.nodes < 2):
-        raise SystemExit("--wire: the emulated NIC sits between domains of the CUDA engine; "
-                         "give --device cuda and --nodes N >= 2")
-    if device == "cuda":
-        return _bench_gpu(args)
-    for name, value in _CPU_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    cfg = bench.BenchConfig(ranks=args.ranks, nodes=args.nodes, hidden=args.hidden,
-                            tokens=args.tokens, experts_per_rank=args.experts_per_rank,
-                            topk=args.topk, iters=args.iters, warmup=args.warmup,
-                            fp8=not args.no_fp8, device=args.device, seed=args.seed)
-    for name in ("ranks", "nodes", "hidden", "tokens", "experts_per_rank", "topk", "iters"):
-        if getattr(cfg, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
-    _check_shape(cfg.topk, cfg.experts_per_rank * cfg.ranks, cfg.hidden)
+
+def _bench(argv: list[str]) -> int:
     try:
-        device, rows = bench.run(cfg)
-    except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
-        print(f"hybrid-ep bench FAILED: {error}", file=sys.stderr)
-        return 1
-    print(bench.format_table(cfg, device, rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(bench.as_dict(cfg, device, rows), f, indent=2)
-    return 0
-
-
-def _bench_domains(args) -> int:
-    """``--device cuda --nodes N`` (N >= 2): hybrid_ep.gpubench.domains."""
-    from .gpubench import domains
-
-    base = domains.DomainBenchConfig()
-    try:
-        channels = tuple(int(c) for c in args.channels.split(","))
-    except ValueError:
-        raise SystemExit(f"--channels {args.channels!r}: expected counts like 1,2,4") from None
-    given = {name: getattr(args, name) for name in ("hidden", "tokens", "experts_per_rank",
-                                                     "topk", "iters", "warmup", "sms")
-             if getattr(args, name) is not None}
-    try:
-        wire = p2p_wire.parse(args.wire, "--wire")
-    except ValueError as error:
-        raise SystemExit(str(error)) from None
-    if args.wire is not None and wire is None:
-        raise SystemExit(f"--wire {args.wire!r}: expected a spec such as {p2p_wire.DEFAULT_TEXT}")
-    cfg = domains.DomainBenchConfig(
-        ranks=args.ranks if args.ranks is not None else 2 * args.nodes, nodes=args.nodes,
-        channels=channels, seed=args.seed, label=args.label or "", mps=not args.no_mps,
-        out_dir=args.out_dir if args.out_dir is not None else base.out_dir,
-        wire=wire.text() if wire is not None else None,
-        prob_puts=("run", "token") if args.prob_puts == "both" else (args.prob_puts,), **given)
-    if cfg.ranks % cfg.nodes != 0:
-        raise SystemExit(f"--nodes {cfg.nodes} must divide --ranks {cfg.ranks}")
-    if min(channels) < 1 or max(channels) > 64:
-        raise SystemExit(f"--channels {args.channels}: each count must be in 1..64")
-    _check_shape(cfg.topk, cfg.experts_per_rank * cfg.ranks, cfg.hidden)
-    try:
-        print(domains.run(cfg, json_path=args.json))
-    except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
-        print(f"hybrid-ep bench FAILED: {error}", file=sys.stderr)
-        return 1
-    print(f"hybrid-ep bench: table written to {cfg.out_dir}/")
-    return 0
-
-
-def _bench_gpu(args) -> int:
-    from . import gpubench
-
-    if args.nodes < 1:
-        raise SystemExit("--nodes must be >= 1")
-    if args.nodes > 1:
-        return _bench_domains(args)
-
-    base = gpubench.GpuBenchConfig()
-    regimes = ("hbm", "sm") if args.regime == "all" else (args.regime,)
-    given = {name: getattr(args, name) for name in ("hidden", "tokens", "experts_per_rank",
-                                                     "topk", "iters", "warmup")
-             if getattr(args, name) is not None}
-    cfg = gpubench.GpuBenchConfig(
-        regimes=regimes,
-        hbm_ranks=args.ranks if args.ranks is not None else base.hbm_ranks,
-        hbm_sms=args.sms if args.sms is not None else base.hbm_sms,
-        sm_ranks=(args.ranks,) if args.ranks is not None else base.sm_ranks,
-        sm_sms=args.sms if args.sms is not None else base.sm_sms,
-        fp8=not args.no_fp8, permute=not args.no_permute, seed=args.seed,
-        label=args.label or "",
-        mps_partition=not args.no_mps_partition, permute_blocks=args.permute_blocks,
-        mps=not args.no_mps,
-        kernel_traces=args.kernel_traces,
-        out_dir=args.out_dir if args.out_dir is not None else "hybrid-ep-bench", **given)
-    for name in ("hidden", "tokens", "experts_per_rank", "topk", "iters"):
-        if getattr(cfg, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
-    if cfg.warmup < 1:
-        raise SystemExit("--warmup must be >= 1 with --device cuda (the first warm-up call is "
-                         "the one verified)")
-    ranks = [cfg.hbm_ranks] if "hbm" in regimes else []
-    ranks += list(cfg.sm_ranks) if "sm" in regimes else []
-    if min(ranks) < 1 or min(cfg.hbm_sms, cfg.sm_sms) < 1:
-        raise SystemExit("--ranks and --sms must be >= 1")
-    _check_shape(cfg.topk, cfg.experts_per_rank * min(ranks), cfg.hidden)
-    try:
-        gpubench.run(cfg, json_path=args.json)
-    except Exception as error:  # noqa: BLE001 - a worker's failure arrives wrapped; report it
-        print(f"hybrid-ep bench FAILED: {error}", file=sys.stderr)
-        return 1
-    print(f"hybrid-ep bench: tables and raw numbers written to {cfg.out_dir}/")
-    return 0
+        from hybrid_ep_bench.cli import main as bench_main
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] != "hybrid_ep_bench":
+            raise  # installed, but something it imports is missing: that error says what
+        raise SystemExit(BENCH_MISSING) from None
+    return bench_main(argv, prog="hybrid-ep bench")
 
 
 def _info(_args) -> int:
@@ -209,7 +97,7 @@ def _deep_ep_shim(args) -> int:
 def _memory(args) -> int:
     from .memory_plan import format_table, memory_plan
 
-    _check_writable(args.json)
+    check_writable(args.json)
     try:
         plan = memory_plan(args.world, args.ranks_per_domain, args.hidden, args.tokens,
                            args.experts_per_rank, combine_wire=args.combine_wire)
@@ -223,67 +111,16 @@ def _memory(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
     parser = argparse.ArgumentParser(prog="hybrid-ep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("bench", help="run dispatch/combine over local ranks, verify and time them")
-    b.add_argument("--ranks", type=_count(1), default=None,
-                   help="local ranks to spawn (cpu: default 4; cuda: overrides the regime's, "
-                        "hbm 8, sm 1 and 2)")
-    b.add_argument("--nodes", type=_count(1), default=1,
-                   help="NVLink domains the ranks split into (cuda: >= 2 runs the multi-domain "
-                        "bench, default ranks 2 x nodes, 8 SMs each)")
-    b.add_argument("--hidden", type=_count(1), default=None, help="cpu: default 2048; cuda: 7168")
-    b.add_argument("--tokens", type=_count(1), default=None,
-                   help="tokens per rank (cpu: default 512; cuda: 4096)")
-    b.add_argument("--experts-per-rank", type=_count(1), default=None,
-                   help="cpu: default 4; cuda: 8")
-    b.add_argument("--topk", type=_count(1), default=None, help="cpu: default 4; cuda: 8")
-    b.add_argument("--iters", type=_count(1), default=None,
-                   help="timed iterations (cpu: default 5; cuda: 20)")
-    b.add_argument("--warmup", type=_count(0), default=None, help="cpu: default 1; cuda: 3")
-    b.add_argument("--no-fp8", action="store_true", help="skip the FP8 dispatch")
-    b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: the CUDA engine on a GPU build, else the reference on the CPU")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--json", help="also write the results to this JSON file")
-    g = b.add_argument_group("cuda", "options of --device cuda (hybrid_ep.gpubench)")
-    g.add_argument("--regime", choices=("hbm", "sm", "all"), default="all",
-                   help="hbm: 8 ranks on one GPU x 16 SMs vs the HBM roofline; sm: 1 and 2 "
-                        "ranks x 8 SMs vs the per-SM TMA copy ceiling; all: both (default)")
-    g.add_argument("--sms", type=_count(1), default=None,
-                   help="SMs per rank for dispatch and combine (default: hbm 16, sm 8)")
-    g.add_argument("--out-dir", default=None,
-                   help="folder for bench-<regime>[-<label>].md and bench[-<label>].json "
-                        "(default hybrid-ep-bench)")
-    g.add_argument("--label", default=None, help="tag for the tables and file names")
-    g.add_argument("--no-permute", action="store_true",
-                   help="skip the dispatch_with_permute / combine_with_unpermute pair")
-    g.add_argument("--channels", default="1,2,4",
-                   help="with --nodes > 1: transport channel counts to run, comma-separated "
-                        "(HYBRID_EP_NUM_CHANNELS; default 1,2,4)")
-    g.add_argument("--permute-blocks", type=_count(0), default=None,
-                   help="permute blocks per rank of the fused dispatch_with_permute (default: "
-                        "an even split of the GPU's SMs among the ranks on it, less the dispatch "
-                        "SMs; 0 skips the fused op)")
-    g.add_argument("--wire", default=None, metavar="SPEC",
-                   help="with --nodes N: also run under the p2p build's emulated NIC "
-                        "(HYBRID_EP_P2P_WIRE), e.g. gbps=50,latency_us=3,op_ns=400,rails=1, and "
-                        "report its bound and the efficiency")
-    g.add_argument("--prob-puts", choices=("run", "token", "both"), default="both",
-                   help="with --wire: the prob puts of the wired forms (HYBRID_EP_PROB_PUTS)")
-    g.add_argument("--no-mps", action="store_true",
-                   help="ranks sharing a GPU run without MPS (default: a running MPS daemon, "
-                        "else a private one started and stopped for the run; without MPS the "
-                        "tables say the numbers are not valid)")
-    g.add_argument("--no-mps-partition", action="store_true",
-                   help="ranks sharing a GPU get no MPS share of SMs (default: their SMs "
-                        "per rank and permute blocks, an even split of the GPU unless "
-                        "--permute-blocks says otherwise)")
-    g.add_argument("--kernel-traces", action="store_true",
-                   help="each rank also writes the kernels its profiler saw to "
-                        "OUT_DIR/kernels-<regime>-<ranks>r-rank<rank>.json (for "
-                        "benchmarks/rank_skew.py)")
-    b.set_defaults(func=_bench)
+    # Listed for --help only: main() hands everything after "bench" to the bench package,
+    # which parses its own options.
+    sub.add_parser("bench", add_help=False,
+                   help="run dispatch/combine over local ranks, verify and time them (the "
+                        "hybrid-ep-bench package; hybrid-ep bench --help lists its options)")
     i = sub.add_parser("info", help="build info and the environment variables in effect")
     i.set_defaults(func=_info)
     s = sub.add_parser("deep-ep-shim",
@@ -293,12 +130,14 @@ def main(argv=None) -> int:
     s.set_defaults(func=_deep_ep_shim)
     m = sub.add_parser("memory", help="bytes of each region of the registered buffer a config "
                                       "needs per rank (hybrid_ep.memory_plan), no GPU needed")
-    m.add_argument("--world", type=_count(1), required=True, help="ranks in the group")
-    m.add_argument("--ranks-per-domain", type=_count(1), required=True,
+    m.add_argument("--world", type=count_at_least(1), required=True, help="ranks in the group")
+    m.add_argument("--ranks-per-domain", type=count_at_least(1), required=True,
                    help="ranks per NVLink domain (divides --world)")
-    m.add_argument("--hidden", type=_count(1), required=True, help="hidden_dim")
-    m.add_argument("--tokens", type=_count(1), required=True, help="max_num_of_tokens_per_rank")
-    m.add_argument("--experts-per-rank", type=_count(1), required=True, help="num_local_experts")
+    m.add_argument("--hidden", type=count_at_least(1), required=True, help="hidden_dim")
+    m.add_argument("--tokens", type=count_at_least(1), required=True,
+                   help="max_num_of_tokens_per_rank")
+    m.add_argument("--experts-per-rank", type=count_at_least(1), required=True,
+                   help="num_local_experts")
     m.add_argument("--combine-wire", choices=("bf16", "fp32"), default=None,
                    help="partial sums between domains (default: HYBRID_EP_COMBINE_WIRE, else bf16)")
     m.add_argument("--json", help="also write the plan (region -> bytes) to this JSON file")

@@ -2,7 +2,6 @@
 // lives in csrc/hybrid_ep/runtime and below.
 #include <pybind11/pybind11.h>
 
-#include "hybrid_ep/bindings/bench.h"
 #include "hybrid_ep/bindings/layout.h"
 #include "hybrid_ep/bindings/runtime.h"
 #include "hybrid_ep/runtime/build_info.h"
@@ -57,6 +56,5 @@ PYBIND11_MODULE(_C, m) {
   hybrid_ep::hooks::bind_diagnostics(m);
 
   hybrid_ep::register_runtime(m);
-  hybrid_ep::register_bench(m);
   hybrid_ep::register_layout(m);
 }

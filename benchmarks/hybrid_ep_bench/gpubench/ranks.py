@@ -34,7 +34,7 @@ from .timing import gated_call, is_our_kernel, kernel_events, measure_roofline, 
 # ---- one rank -----------------------------------------------------------------------------------
 class _Rank:
     def __init__(self, cfg: GpuBenchConfig, spec: RunSpec, rank: int):
-        from ..buffer import HybridEPBuffer
+        from hybrid_ep import HybridEPBuffer
 
         self.cfg, self.spec, self.rank = cfg, spec, rank
         self.group = dist.group.WORLD

@@ -1,4 +1,5 @@
-"""``hybrid-ep bench``: dispatch and combine over N local ranks, verified, timed, tabulated.
+"""``hybrid-ep bench`` on the CPU: the reference engine over gloo on N local ranks, verified,
+timed, tabulated.
 
 Timing follows DESIGN.md section 8: median over iterations with fresh random routing, algorithm
 bandwidth per rank = dispatched rows x hidden x 2 bytes / time (FP8 counts (1 + 4/128) / 2 of
@@ -21,8 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hybrid_ep.config import EnvSettings
+
 from . import oracle
-from .config import EnvSettings
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def free_port() -> int:
 def pick_device(requested: str) -> str:
     if requested != "auto":
         return requested
-    from . import native
+    from hybrid_ep import native
 
     if torch.cuda.is_available() and native.cuda_engine_built():
         return "cuda"
@@ -108,7 +110,7 @@ def _worker(rank: int, cfg: BenchConfig, port: int, device: str, results):
 
 
 def _run_rank(rank: int, cfg: BenchConfig, device: str) -> list[Row]:
-    from .buffer import HybridEPBuffer
+    from hybrid_ep import HybridEPBuffer
 
     group = dist.group.WORLD
     per_domain = cfg.ranks // cfg.nodes
@@ -187,7 +189,7 @@ def run(cfg: BenchConfig) -> tuple[str, list[Row]]:
     device = pick_device(cfg.device)
     if device == "cuda":
         raise NotImplementedError("run(): the reference engine on the CPU only; the CUDA "
-                                  "engine is benchmarked by hybrid_ep.gpubench "
+                                  "engine is benchmarked by hybrid_ep_bench.gpubench "
                                   "(hybrid-ep bench --device cuda)")
     context = mp.get_context("spawn")
     results = context.SimpleQueue()

@@ -5,7 +5,7 @@ All ranks share the GPUs (rank r on GPU r % device_count; one H200 under MPS her
 N domains of ranks / N. For each channel count asked for (``HYBRID_EP_NUM_CHANNELS``) the ranks
 run, per step with fresh top-k routing: ``dispatch bf16 + preprocess``, ``dispatch bf16`` and
 ``dispatch fp8`` with its handle, and ``combine bf16`` of the dispatched rows. The first warm-up
-step is checked bit for bit against :mod:`hybrid_ep.oracle`; numbers of a wrong kernel are
+step is checked bit for bit against :mod:`hybrid_ep_bench.oracle`; numbers of a wrong kernel are
 never reported.
 
 Per operation: API time (host barrier to ``torch.cuda.synchronize()``, median over ranks and
@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
+from hybrid_ep.backends import p2p_wire
+from hybrid_ep.config import EnvSettings
+
 from .. import oracle
-from ..backends import p2p_wire
-from ..config import EnvSettings
 from . import mps
 from .config import GpuBenchConfig, make_routing, make_tokens
 from .spawn import run_ranks
@@ -161,7 +162,7 @@ def _verify(cfg: DomainBenchConfig, out: dict, tokens: dict, rank: int, group) -
 
 
 def _measure(cfg: DomainBenchConfig, channels: int, rank: int) -> DomainRankResult:
-    from ..buffer import HybridEPBuffer
+    from hybrid_ep import HybridEPBuffer
 
     group = dist.group.WORLD
     device = torch.device("cuda", torch.cuda.current_device())

@@ -2,7 +2,7 @@
 time, and the span from the first start to the last end, from the kernel lists that
 ``hybrid-ep bench --device cuda --kernel-traces`` writes per rank.
 
-    python3 benchmarks/rank_skew.py OUT_DIR [--regime hbm] [--out OUT.md]
+    python3 -m hybrid_ep_bench.gpubench.rank_skew OUT_DIR [--regime hbm] [--out OUT.md]
 
 A dispatch or combine kernel waits for its peers, so a rank that starts early spends the
 difference waiting: its kernel time holds the skew. The n-th launch of a kernel is the same call
@@ -20,7 +20,7 @@ import os
 import re
 import statistics
 
-from hybrid_ep.gpubench.ranks import launches_by_op
+from .ranks import launches_by_op
 
 
 def short_name(name: str) -> str:

@@ -37,7 +37,7 @@ def _rank_process(rank: int, world: int, port: int, out_path: str, env: dict, me
 def run_ranks(world: int, measure, args: tuple, env: dict | None = None) -> list[dict]:
     """``measure(*args, rank)`` (a module-level function returning a dataclass) on ``world``
     spawned ranks with ``env`` set in each; returns their results, rank order."""
-    from ..bench import free_port
+    from ..cpu import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ranks.json")

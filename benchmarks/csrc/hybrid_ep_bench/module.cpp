@@ -1,7 +1,7 @@
-// Python face of the benchmark's own kernels. Pointers and streams arrive as integers
-// (tensor.data_ptr(), torch.cuda.current_stream().cuda_stream).
-#include "hybrid_ep/bindings/bench.h"
-
+// hybrid_ep_bench._C: the Python face of the benchmark's own kernels (the TMA copy ceiling and
+// the start gate), apart from the product's hybrid_ep._C. Pointers and streams arrive as
+// integers (tensor.data_ptr(), torch.cuda.current_stream().cuda_stream).
+#include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -9,14 +9,17 @@
 #include <string>
 #include <vector>
 
-#include "hybrid_ep/kernels/copy_ceiling.h"
-#include "hybrid_ep/kernels/start_gate.h"
+#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep_bench/copy_ceiling.h"
+#include "hybrid_ep_bench/start_gate.h"
 
 namespace py = pybind11;
+using namespace hybrid_ep;
 
-namespace hybrid_ep {
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hybrid-ep benchmark kernels";
+  py::register_exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
 
-void register_bench(py::module_& m) {
   m.def(
       "copy_ceiling",
       [](uintptr_t src, uintptr_t dst, int64_t rows, int row_bytes, int k, bool fan_in, int blocks,
@@ -54,7 +57,7 @@ void register_bench(py::module_& m) {
       py::arg("fan_in"), py::arg("blocks"), py::arg("stages"), py::arg("stream"),
       py::arg("in_flight") = 2, py::arg("store_lanes") = 1, py::arg("release_every") = 1,
       py::arg("copy_dst") = std::vector<uintptr_t>{},
-      "Launches the TMA copy-ceiling kernel (kernels/copy_ceiling.h) on `stream` and returns "
+      "Launches the TMA copy-ceiling kernel (copy_ceiling.h) on `stream` and returns "
       "(stages, in_flight) as used: stages clamped to shared memory, in_flight to what the ring "
       "leaves room for. fan_in=False: src [rows, row_bytes] -> dst [k * rows, row_bytes], each "
       "row stored k times; fan_in=True: src [k * rows, row_bytes] -> dst [rows, row_bytes], k "
@@ -73,7 +76,5 @@ void register_bench(py::module_& m) {
         launch_start_gate(target_ns, reinterpret_cast<cudaStream_t>(stream));
       },
       py::arg("target_ns"), py::arg("stream"),
-      "Holds `stream` until the GPU's global timer reaches target_ns (kernels/start_gate.h).");
+      "Holds `stream` until the GPU's global timer reaches target_ns (start_gate.h).");
 }
-
-}  // namespace hybrid_ep

@@ -2,7 +2,7 @@
 // dispatch (fan-out: one row loaded, stored to k rows) or of combine (fan-in: k rows loaded,
 // one stored), built like them (persistent, one CTA per SM, a shared-memory ring with full and
 // empty mbarriers, TMA bulk loads and stores) and doing nothing else. The dispatch and combine
-// kernels are compared against it (hybrid_ep/bench_gpu.py). Timing is the caller's.
+// kernels are compared against it (hybrid_ep_bench/gpubench/ceiling.py). Timing is the caller's.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -37,7 +37,7 @@ with fuse_permute_dispatch: one dispatch_kernel grid whose extra blocks permute,
 unpermute_kernel + combine_kernel) and ``fused unpermute + combine`` (the same with
 fuse_unpermute_combine, of the fused op's rows: one combine_kernel grid with unpermute blocks;
 must equal the standalone). The first warm-up call of each is checked bit for bit against an
-independent oracle (:mod:`hybrid_ep.oracle`, on the GPU: every rank regenerates every rank's
+independent oracle (:mod:`hybrid_ep_bench.oracle`, on the GPU: every rank regenerates every rank's
 inputs from their seeds and gathers their routing; the permute pair by its round trip: each
 token comes back as BF16(row x experts selected), its probs unchanged), so no number of a wrong
 kernel is reported.

@@ -18,9 +18,9 @@
 
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
-#include "hybrid_ep/kernels/copy_ceiling.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/runtime/device_info.h"
+#include "hybrid_ep_bench/copy_ceiling.h"
 
 namespace hybrid_ep {
 namespace {

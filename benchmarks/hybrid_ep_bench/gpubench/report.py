@@ -20,7 +20,7 @@ from .summary import summarize
 
 # ---- report -------------------------------------------------------------------------------------
 def environment() -> dict:
-    from ..bench import environment as base
+    from ..cpu import environment as base
 
     env = base()
     env["time"] = datetime.datetime.now().isoformat(timespec="seconds")

@@ -1,6 +1,6 @@
 #include "hybrid_ep/kernels/common/ptx.cuh"
-#include "hybrid_ep/kernels/start_gate.h"
 #include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep_bench/start_gate.h"
 
 namespace hybrid_ep {
 namespace {

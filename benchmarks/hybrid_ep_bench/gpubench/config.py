@@ -64,7 +64,7 @@ class GpuBenchConfig:
     mps: bool = True
     out_dir: str | None = None
     # Each rank also writes the GPU kernels its profiler saw (start, duration, name) to
-    # out_dir/kernels-<regime>-<ranks>r-rank<rank>.json, for benchmarks/rank_skew.py.
+    # out_dir/kernels-<regime>-<ranks>r-rank<rank>.json, for gpubench/rank_skew.py.
     kernel_traces: bool = False
     # Copy-kernel variants tried per pattern and k, (in_flight, store_lanes, release_every);
     # the best is the ceiling. One store lane stalls per group (~50 GB/s per SM with 14 KB
