@@ -1,18 +1,19 @@
 """HybridEPBuffer: the public API (a drop-in for DeepEP's hybrid-ep class of the same name).
 
 This class validates, normalises and orchestrates; engines move the data. CPU tensors run on
-the pure-torch reference engine; CUDA tensors on the CUDA engine.
+the pure-torch reference engine; CUDA tensors on the CUDA engine. Arguments accepted only for
+drop-in compatibility: compat.py.
 """
 
 from __future__ import annotations
 
 import itertools
-import shutil
 import warnings
 
 import torch
 import torch.distributed as dist
 
+from . import compat
 from . import handle as handles
 from . import validation as v
 from .call_stamp import CallStamp
@@ -97,10 +98,7 @@ class HybridEPBuffer:
         self.node_rank = self.topology.node_rank
         self.num_of_nodes = self.topology.num_of_nodes
         self.use_mnnvl = mnnvl
-        # Accepted for compatibility: kernels are built ahead of time, buffers always shared.
-        self.load_cached_kernels = bool(load_cached_kernels)
-        self.use_shared_buffer = bool(use_shared_buffer)
-        self.enable_custom_allgather = bool(enable_custom_allgather)
+        # load_cached_kernels, use_shared_buffer, enable_custom_allgather: compat.CONSTRUCTOR.
 
         self.config = HybridEPConfig(
             buffer_id=next(_BUFFER_IDS),
@@ -126,7 +124,6 @@ class HybridEPBuffer:
             num_of_tokens_per_chunk_preprocessing_api=env.tokens_per_chunk_preprocessing,
             num_of_stages_dispatch_api=env.stages_dispatch,
             num_of_stages_g2s_combine_api=env.stages_g2s_combine,
-            num_of_stages_s2g_combine_api=env.stages_s2g_combine,
             num_channels=env.num_channels,
         )
         self._reference = self._new_reference(experts)
@@ -438,8 +435,7 @@ class HybridEPBuffer:
         pad = v.normalize_pad_multiple(pad_multiple)
         v.check_flag("non_blocking", non_blocking)
         v.check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
-        if use_host_meta is not None:
-            v.check_flag("use_host_meta", use_host_meta)
+        compat.check_use_host_meta(use_host_meta)
         budget = None
         if num_permuted_tokens is not None:
             budget = v.require_int("num_permuted_tokens", num_permuted_tokens)
@@ -579,9 +575,12 @@ class HybridEPBuffer:
         v.check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
         changes["fuse_permute_dispatch"] = fuse_permute_dispatch
         for key, value in kwargs.items():
+            if compat.check_template_kwarg(key, value):
+                continue
             if key not in _TUNABLE_FIELDS:
+                known = _TUNABLE_FIELDS + tuple(compat.UPDATE_TEMPLATE_CONFIG)
                 raise TypeError(f"update_template_config: unknown argument {key!r}; expected one "
-                                f"of {', '.join(_TUNABLE_FIELDS)}")
+                                f"of {', '.join(known)}")
             changes[key] = v.require_int(key, value, minimum=1)
         self.config = self.config.replace(**changes)
         return self.config
@@ -598,7 +597,4 @@ class HybridEPBuffer:
             self._cuda_engine = None
 
     def empty_jit_cache(self):
-        """Empties ``$HYBRID_EP_CACHE_DIR/kernels`` (only that folder: the root may be shared)."""
-        kernels = self._env.cache_dir / "kernels"
-        if kernels.is_dir():
-            shutil.rmtree(kernels)
+        """Does nothing: no kernel is compiled at run time (compat.METHODS)."""
