@@ -1,6 +1,6 @@
 """The CUDA engine: HybridEPBuffer's calls on CUDA tensors, run by the compiled core.
 
-Python allocates every output with torch and hands raw pointers and the current stream to
+Each operation's flow is ``operations.Engine``'s; this class gives it the steps. Python allocates every output with torch and hands raw pointers and the current stream to
 ``hybrid_ep._C.Runtime``; the core never sees torch. Created on the first CUDA call (a
 collective: every rank makes the same calls), it registers one buffer per rank and maps the
 buffers of its NVLink domain through handles exchanged over the process group.
@@ -21,6 +21,7 @@ from .device_status import raise_for_status
 from .engines import NeedsGrowth
 from .errors import HybridEPMismatchError, HybridEPTimeoutError
 from .layouts import DispatchLayout, PermuteLayout, ceil_div
+from .operations import Engine
 from .registered_views import RegisteredViews
 from .topology import Topology
 
@@ -46,8 +47,9 @@ class StagedRows:
         self.with_probs = with_probs
 
 
-class CudaEngine:
+class CudaEngine(Engine):
     name = "cuda"
+    fuses = True
 
     def __init__(self, group, topo: Topology, config: HybridEPConfig, env: EnvSettings,
                  use_mnnvl: bool, rendezvous):
@@ -271,8 +273,9 @@ class CudaEngine:
             self._counts_pending = False
 
     # -- dispatch / combine ----------------------------------------------------------------------
-    def dispatch(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int,
-                 keep_in_buffer: bool = False, fused_permute: tuple[int, int | None] | None = None):
+    def move_rows(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int,
+                  keep_in_buffer: bool = False,
+                  fused_permute: tuple[int, int | None] | None = None):
         """Rows to every destination's registered buffer; then copied out into new tensors, or
         (``keep_in_buffer``, the permute path) left there for the permute kernel. With a
         handle inside one domain, a rank's rows from itself go straight into the new tensors. With
@@ -369,7 +372,7 @@ class CudaEngine:
             _ptr(out_scales), self._stream())
         return (out, out_probs, out_scales), plan
 
-    def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
+    def combine_rows(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
         return self._combine(hidden, probs, layout, tokens, num_tokens, None)
 
     def combine_input(self, rows: int, cols: int, device: torch.device) -> torch.Tensor:
@@ -496,6 +499,13 @@ class CudaEngine:
                              padded_tokens_per_expert=tokens_per_expert,
                              num_permuted_tokens=num_permuted_tokens, overflow=overflow,
                              row_source=row_source)
+
+    def permute_received(self, moved, layout, pad_multiple: int, num_permuted_tokens):
+        try:
+            return super().permute_received(moved, layout, pad_multiple, num_permuted_tokens)
+        except BaseException:
+            self.release_received()  # see release_received
+            raise
 
     def permute(self, rows: StagedRows, probs, scaling_factor, plan: PermuteLayout):
         """Gathers the staged rows into expert-major order (zero rows for padding)."""
