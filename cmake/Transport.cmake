@@ -17,9 +17,6 @@
 #   HYBRID_EP_BACKEND_LIBRARY              the library the backend was built against, as
 #                                          build_info()["transport_library"] reports it
 
-# Transports the design names but whose backend is not written yet.
-set(HYBRID_EP_PLANNED_TRANSPORTS "")
-
 set(HYBRID_EP_TRANSPORT "p2p" CACHE STRING "Transport backend (see backends/)")
 
 file(GLOB _hybrid_ep_backend_files RELATIVE "${PROJECT_SOURCE_DIR}/backends"
@@ -30,19 +27,13 @@ foreach(_file IN LISTS _hybrid_ep_backend_files)
   list(APPEND HYBRID_EP_IMPLEMENTED_TRANSPORTS "${_name}")
 endforeach()
 list(SORT HYBRID_EP_IMPLEMENTED_TRANSPORTS)
-list(REMOVE_ITEM HYBRID_EP_PLANNED_TRANSPORTS ${HYBRID_EP_IMPLEMENTED_TRANSPORTS})
 set_property(CACHE HYBRID_EP_TRANSPORT PROPERTY STRINGS ${HYBRID_EP_IMPLEMENTED_TRANSPORTS})
 
 list(JOIN HYBRID_EP_IMPLEMENTED_TRANSPORTS ", " _valid)
-list(JOIN HYBRID_EP_PLANNED_TRANSPORTS ", " _planned)
-if(HYBRID_EP_TRANSPORT IN_LIST HYBRID_EP_PLANNED_TRANSPORTS)
-  message(FATAL_ERROR
-    "HYBRID_EP_TRANSPORT=${HYBRID_EP_TRANSPORT} is not implemented yet (planned "
-    "transports ${_planned} arrive later). Valid values: ${_valid}.")
-elseif(NOT HYBRID_EP_TRANSPORT IN_LIST HYBRID_EP_IMPLEMENTED_TRANSPORTS)
+if(NOT HYBRID_EP_TRANSPORT IN_LIST HYBRID_EP_IMPLEMENTED_TRANSPORTS)
   message(FATAL_ERROR
     "HYBRID_EP_TRANSPORT=${HYBRID_EP_TRANSPORT} is not a known transport. "
-    "Valid values: ${_valid} (planned, not implemented yet: ${_planned}).")
+    "Valid values: ${_valid}.")
 endif()
 
 foreach(_var NAME SOURCES INCLUDE_DIRS LINK_LIBRARIES COMPILE_DEFINITIONS CUDA_RDC

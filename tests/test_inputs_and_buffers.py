@@ -81,3 +81,8 @@ def test_two_buffers_alive(pools, topo):
     spec_b = make_spec(seed=seed("twoB", W), W=W, R=R, E=1, routing="topk", dtype="u8",
                        tokens=token_counts(W, "ragged", 99, maximum=24))
     pools.run(W, "cases.misc", "two_buffers", spec_a=spec_a, spec_b=spec_b, pad_multiple=64)
+
+
+def test_compatibility_arguments_change_nothing(pools):
+    spec = make_spec(seed=seed("compat"), W=2, R=2, E=2, tokens=[9, 5])
+    pools.run(2, "cases.misc", "compatibility_arguments", spec=spec)

@@ -156,10 +156,13 @@ def reference_registered_bytes() -> list[int]:
     tokens = 12 if rank() == 0 else 5  # more than the buffer holds: it grows to 12
     hidden = torch.ones(tokens, 256, dtype=torch.bfloat16)
     routing = torch.ones(tokens, 4, dtype=torch.bool)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         buf.dispatch(hidden, routing_map=routing, probs=routing.float())
     assert buf.max_num_of_tokens_per_rank == 12
+    # Every rank grows, and the warning points at the call that grew the buffer.
+    grew = [w for w in caught if "growing" in str(w.message)]
+    assert [(w.category, w.filename) for w in grew] == [(RuntimeWarning, __file__)], grew
     sizes.append(buf.registered_bytes())
     assert sizes[1] == hybrid_ep.memory_plan(2, 1, 256, 12, 2)["total"], sizes
     return sizes

@@ -68,14 +68,14 @@ def _hidden() -> torch.Tensor:
 
 def test_dispatch_that_succeeds_leaves_the_release_to_the_copy_out():
     runtime = RecordingRuntime(fail_copy=False)
-    _engine(runtime).dispatch(_hidden(), None, None, _layout(), tokens=4)
+    _engine(runtime).move_rows(_hidden(), None, None, _layout(), tokens=4)
     assert runtime.calls == ["dispatch", "copy_dispatched"]
 
 
 def test_dispatch_whose_copy_out_fails_releases_once():
     runtime = RecordingRuntime(fail_copy=True)
     with pytest.raises(RuntimeError, match="copy_dispatched failed"):
-        _engine(runtime).dispatch(_hidden(), None, None, _layout(), tokens=4)
+        _engine(runtime).move_rows(_hidden(), None, None, _layout(), tokens=4)
     assert runtime.calls == ["dispatch", "copy_dispatched", "release"]
 
 
@@ -89,6 +89,6 @@ def test_dispatch_that_must_grow_releases_before_the_growth(keep_in_buffer):
 
     engine._read_summary = needs_growth
     with pytest.raises(NeedsGrowth):
-        engine.dispatch(_hidden(), None, None, _layout(), tokens=4,
+        engine.move_rows(_hidden(), None, None, _layout(), tokens=4,
                         keep_in_buffer=keep_in_buffer)
     assert runtime.calls == ["dispatch", "release"]

@@ -1,28 +1,29 @@
 """HybridEPBuffer: the public API (a drop-in for DeepEP's hybrid-ep class of the same name).
 
-This class validates, normalises and orchestrates; engines move the data. CPU tensors run on
-the pure-torch reference engine; CUDA tensors on the CUDA engine.
+This class validates and normalises each call into one request (requests.py) and hands it to
+the engine that runs the whole operation (operations.py): CPU tensors the pure-torch reference
+engine, CUDA tensors the CUDA engine. Arguments accepted only for drop-in compatibility:
+compat.py.
 """
 
 from __future__ import annotations
 
 import itertools
-import shutil
-import warnings
 
 import torch
 import torch.distributed as dist
 
+from . import compat
 from . import handle as handles
 from . import validation as v
 from .call_stamp import CallStamp
 from .collective import CONSTRUCTION, buffer_rendezvous, collective, on_reference_engine
 from .config import CONFIG_FIELDS, EnvSettings, HybridEPConfig
-from .engines import NeedsGrowth, select_engine
+from .engines import select_engine
 from .memory_plan import registered_bytes as _registered_bytes
-from .reference import layout as layouts
 from .reference import network
 from .reference.engine import ReferenceEngine
+from .requests import CombineInputRequest, CombineRequest, DispatchRequest, Request
 from .topology import (
     Topology,
     check_ranks_per_domain,
@@ -97,10 +98,7 @@ class HybridEPBuffer:
         self.node_rank = self.topology.node_rank
         self.num_of_nodes = self.topology.num_of_nodes
         self.use_mnnvl = mnnvl
-        # Accepted for compatibility: kernels are built ahead of time, buffers always shared.
-        self.load_cached_kernels = bool(load_cached_kernels)
-        self.use_shared_buffer = bool(use_shared_buffer)
-        self.enable_custom_allgather = bool(enable_custom_allgather)
+        # load_cached_kernels, use_shared_buffer, enable_custom_allgather: compat.CONSTRUCTOR.
 
         self.config = HybridEPConfig(
             buffer_id=next(_BUFFER_IDS),
@@ -126,13 +124,11 @@ class HybridEPBuffer:
             num_of_tokens_per_chunk_preprocessing_api=env.tokens_per_chunk_preprocessing,
             num_of_stages_dispatch_api=env.stages_dispatch,
             num_of_stages_g2s_combine_api=env.stages_g2s_combine,
-            num_of_stages_s2g_combine_api=env.stages_s2g_combine,
             num_channels=env.num_channels,
         )
-        self._reference = self._new_reference(experts)
+        self._reference = self._new_reference(experts, self._new_sends())
         self._cuda_engine = None
         self._handles = itertools.count(1)  # ids of the handles this buffer makes (CallStamp)
-        self._sends = network.TransportStats.with_channels(self.config.num_channels)
 
     # -- attributes of the original class ------------------------------------------------------
     @property
@@ -162,22 +158,27 @@ class HybridEPBuffer:
                 f"max_tokens={c.max_num_of_tokens_per_rank}, experts/rank={c.num_local_experts})")
 
     # -- shared steps ----------------------------------------------------------------------------
-    def _new_reference(self, experts: int) -> ReferenceEngine:
+    def _new_reference(self, experts: int, sends: network.TransportStats) -> ReferenceEngine:
         env = self._env
-        return ReferenceEngine(self.group, self.topology, experts, self._rendezvous,
+        return ReferenceEngine(self.group, self.topology, experts, self._rendezvous, sends,
                                env.timeout_s, env.combine_wire, env.prob_puts)
+
+    def _new_sends(self) -> network.TransportStats:
+        return network.TransportStats.with_channels(self.config.num_channels)
 
     def _engine(self, hidden: torch.Tensor):
         engine = select_engine(self._env.engine, hidden.device, self._reference, self._cuda)
         self._call_engine = engine
         return engine
 
-    def _agree(self, engine, stamp: CallStamp, rows: int) -> None:
-        """The call's agreement (call_stamp.py), after every check of this rank's input: the
-        reference engine exchanges the stamps on the host now; the CUDA engine hands its stamp
-        to the routing all-gather and barriers its kernels start with."""
-        engine.agree(stamp, rows)
-        self._call_agreed = True
+    def _run(self, operation, request: Request):
+        """The engine's ``operation`` on ``request``; then what the call changed here: whether
+        its agreement ran (collective.py) and the template, which growth replaces."""
+        try:
+            return operation(request)
+        finally:
+            self._call_agreed = request.agreed
+            self.config = request.config
 
     def _note_failure(self, op: str, error: BaseException, args, kwargs) -> None:
         """This rank raised on its input before the call's agreement (collective.py): where its
@@ -212,28 +213,6 @@ class HybridEPBuffer:
                              "call cannot grow the buffer (raise max_num_of_tokens_per_rank, or "
                              "call once in blocking mode)")
 
-    def _grow_tokens(self, engine, needed: int) -> None:
-        warnings.warn(f"HybridEPBuffer: growing max_num_of_tokens_per_rank from "
-                      f"{self.config.max_num_of_tokens_per_rank} to {needed} (collective, slow); "
-                      "size the buffer for the largest batch to avoid this", RuntimeWarning,
-                      stacklevel=5)
-        self.config = self.config.replace(max_num_of_tokens_per_rank=needed)
-        engine.grow(self.config)
-
-    def _preprocess(self, engine, routing_map: torch.Tensor, *, non_blocking: bool,
-                    permute: bool):
-        """Gather the routing and build the layout; blocking calls agree on the token maximum
-        with the other ranks and grow the buffer collectively when a rank has more tokens."""
-        while True:
-            tokens = self.config.max_num_of_tokens_per_rank
-            layout, routing, needed = engine.preprocess(routing_map, tokens,
-                                                        blocking=not non_blocking,
-                                                        expert_counts=permute)
-            if needed <= tokens:
-                return layout, routing, tokens
-            # Every rank saw the same gathered counts, so every rank grows here together.
-            self._grow_tokens(engine, needed)
-
     def _input_rows(self, hidden, *, allow_fp8: bool, use_fp8=None):
         is_fp8 = v.check_hidden(hidden, allow_fp8=allow_fp8)
         if use_fp8 is not None and bool(use_fp8) != is_fp8:
@@ -246,53 +225,30 @@ class HybridEPBuffer:
                              "update_template_config(hidden_dim=...) on every rank first")
         return is_fp8
 
-    def _dispatch_rows(self, engine, *, hidden, scaling_factor, probs, routing_map, handle,
-                       permute: bool, caller: str, non_blocking: bool, fused_permute=None,
-                       fused: bool = False):
-        """Agree on the call, preprocess (or reuse the handle), then move rows. Returns rows,
-        layout, call config. With ``fused_permute`` (CUDA engine) the rows come back permuted,
-        with their layout."""
+    def _dispatch_request(self, engine, *, hidden, scaling_factor, probs, handle, made,
+                          caller: str, non_blocking: bool, routing_map, num_dispatched_tokens,
+                          num_dispatched_tokens_tensor=None, fused: bool = False,
+                          pad_multiple: int = 1, num_permuted_tokens=None) -> DispatchRequest:
+        """The request of a dispatch whose arguments are checked (``made``: the handle's
+        config)."""
+        if handle is not None:
+            v.check_handle_device(handle, hidden)
+            if hidden.shape[0] != made.num_tokens:
+                raise ValueError(f"hidden: {hidden.shape[0]} rows, but the handle was made "
+                                 f"for {made.num_tokens} tokens on this rank")
         stamp = CallStamp(caller, engine=engine.name, fp8=v.is_fp8(hidden),
                           width=hidden.shape[1], probs=probs is not None,
                           scales=scaling_factor is not None, non_blocking=non_blocking,
                           fused=fused)
-        if handle is not None:
-            made = handles.check_handle(handle, self.config, permute=permute, caller=caller)
-            v.check_handle_device(handle, hidden)
-            if hidden.shape[0] != made.num_tokens:
-                raise ValueError(f"hidden: {hidden.shape[0]} rows, but the handle was made for "
-                                 f"{made.num_tokens} tokens on this rank")
-            self._agree(engine, stamp.with_handle(made), hidden.shape[0])
-            layout = handles.layout_from_handle(handle)
-            tokens = handle[5] if not permute else handle[8]
-            rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens,
-                                   keep_in_buffer=permute, fused_permute=fused_permute)
-            self._count_sends(engine, layout, tokens, hidden, probs, scaling_factor)
-            return rows, layout, tokens, made, None
-        self._agree(engine, stamp, hidden.shape[0])
-        while True:
-            layout, routing, tokens = self._preprocess(engine, routing_map.contiguous(),
-                                                       non_blocking=non_blocking, permute=permute)
-            try:
-                rows = self._move_rows(engine, hidden, probs, scaling_factor, layout, tokens,
-                                       keep_in_buffer=permute, fused_permute=fused_permute)
-            except NeedsGrowth as growth:  # found by the CUDA engine after its launches
-                self._grow_tokens(engine, growth.needed)
-                continue
-            self._count_sends(engine, layout, tokens, hidden, probs, scaling_factor)
-            return rows, layout, tokens, None, routing
-
-    def _count_sends(self, engine, layout, tokens, hidden, probs, scaling_factor) -> None:
-        """The reference engine models the network leg's puts and signals (the CUDA engine's
-        counters are read from the device)."""
-        if engine is self._reference:
-            engine.count_dispatch_sends(self._sends, self.config, layout, tokens, hidden, probs,
-                                        scaling_factor)
-
-    def _count_combine_sends(self, engine, layout, tokens, hidden, with_probs: bool) -> None:
-        if engine is self._reference:
-            engine.count_combine_sends(self._sends, self.config, layout, tokens, hidden,
-                                       with_probs)
+        return DispatchRequest(
+            stamp=stamp if made is None else stamp.with_handle(made), config=self.config,
+            handle=handle, made=made, hidden=hidden.contiguous(),
+            probs=probs.contiguous() if probs is not None else None,
+            scaling_factor=scaling_factor.contiguous() if scaling_factor is not None else None,
+            routing_map=routing_map, handle_ids=self._handles, non_blocking=non_blocking,
+            num_dispatched_tokens=num_dispatched_tokens,
+            num_dispatched_tokens_tensor=num_dispatched_tokens_tensor, pad_multiple=pad_multiple,
+            num_permuted_tokens=num_permuted_tokens, fuse=fused)
 
     def transport_stats(self, reset: bool = False) -> dict:
         """Network counters of this rank's sends since the buffer was built (or last reset):
@@ -303,12 +259,12 @@ class HybridEPBuffer:
         probs going back. Calls inside one NVLink domain send nothing over the network. The CUDA
         engine reads its device counters (a synchronisation); the reference engine models them.
         Control traffic (barriers, the routing all-gather) is not counted."""
-        sends = self._sends
+        sends = self._reference.sends
         if self._cuda_engine is not None:
             sends = sends.plus(self._cuda_engine.transport_counters())
         stats = sends.as_dict()
         if reset:
-            self._sends = network.TransportStats.with_channels(self.config.num_channels)
+            self._reference.sends = self._new_sends()
             if self._cuda_engine is not None:
                 self._cuda_engine.reset_transport_counters()
         return stats
@@ -318,17 +274,6 @@ class HybridEPBuffer:
         buffer's new size); before a CUDA call allocates one, and on the reference engine,
         which registers nothing, ``hybrid_ep.memory_plan``'s total for the current config."""
         return _registered_bytes(self.config, self._env.combine_wire, self._cuda_engine)
-
-    @staticmethod
-    def _move_rows(engine, hidden, probs, scaling_factor, layout, tokens, *,
-                   keep_in_buffer: bool, fused_permute=None):
-        """The rows a rank receives; with ``keep_in_buffer`` an engine may leave them where the
-        permute step reads them (the CUDA engine's registered buffer) instead of tensors."""
-        extra = {"fused_permute": fused_permute} if fused_permute is not None else {}
-        return engine.dispatch(hidden.contiguous(),
-                               probs.contiguous() if probs is not None else None,
-                               scaling_factor.contiguous() if scaling_factor is not None
-                               else None, layout, tokens, keep_in_buffer=keep_in_buffer, **extra)
 
     # -- dispatch / combine ----------------------------------------------------------------------
     @collective("dispatch")
@@ -345,20 +290,14 @@ class HybridEPBuffer:
         if num_dispatched_tokens_tensor is not None:
             v.require_tensor("num_dispatched_tokens_tensor", num_dispatched_tokens_tensor,
                              dtypes=(torch.int32,), ndim=1, shape=(1,))
-        (out, out_probs, out_scales), layout, tokens, made, _ = self._dispatch_rows(
-            engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs,
-            routing_map=routing_map, handle=handle, permute=False, caller="dispatch",
-            non_blocking=False)
-        v.check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
-        if num_dispatched_tokens_tensor is not None:
-            num_dispatched_tokens_tensor.fill_(layout.num_dispatched_tokens)
-        if made is None:
-            call = self.config.replace(
-                max_num_of_tokens_per_rank=tokens, with_permute=False,
-                num_tokens=hidden.shape[0], num_dispatched_tokens=layout.num_dispatched_tokens,
-                own_rows=layout.own_rows, non_blocking=False, handle_id=next(self._handles))
-            handle = handles.make_dispatch_handle(layout, tokens, call, hidden.device)
-        return out, out_probs, out_scales, handle
+        made = (handles.check_handle(handle, self.config, permute=False, caller="dispatch")
+                if handle is not None else None)
+        request = self._dispatch_request(
+            engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs, handle=handle,
+            made=made, caller="dispatch", non_blocking=False, routing_map=routing_map,
+            num_dispatched_tokens=num_dispatched_tokens,
+            num_dispatched_tokens_tensor=num_dispatched_tokens_tensor)
+        return self._run(engine.dispatch, request)
 
     @collective("combine")
     def combine(self, hidden, probs=None, handle=None):
@@ -372,14 +311,9 @@ class HybridEPBuffer:
                                                self.config.num_local_experts
                                                * self.num_of_hybrid_ep_ranks_per_nvlink_domain))
         engine = self._engine(hidden)
-        self._agree(engine, CallStamp("combine", engine=engine.name, width=hidden.shape[1],
-                                      probs=probs is not None).with_handle(made),
-                    hidden.shape[0])
-        layout = handles.layout_from_handle(handle)
-        self._count_combine_sends(engine, layout, handle[5], hidden, probs is not None)
-        return engine.combine(hidden.contiguous(),
-                              probs.contiguous() if probs is not None else None,
-                              layout, handle[5], made.num_tokens)
+        stamp = CallStamp("combine", engine=engine.name, width=hidden.shape[1],
+                          probs=probs is not None)
+        return self._run(engine.combine, self._combine_request(stamp, hidden, probs, handle, made))
 
     @collective("get_combine_input_buffer")
     def get_combine_input_buffer(self, handle, hidden_dim=None) -> torch.Tensor:
@@ -400,9 +334,12 @@ class HybridEPBuffer:
                 raise ValueError(f"hidden_dim={cols}: expected a multiple of {v.BF16_ALIGN} "
                                  f"up to the buffer's hidden_dim={self.config.hidden_dim}")
         engine = self._engine(handle[0])
-        self._agree(engine, CallStamp("get_combine_input_buffer", engine=engine.name,
-                                      width=cols).with_handle(made), 0)
-        return engine.combine_input(made.num_dispatched_tokens, cols, handle[0].device)
+        stamp = CallStamp("get_combine_input_buffer", engine=engine.name, width=cols)
+        request = CombineInputRequest(stamp=stamp.with_handle(made), config=self.config,
+                                      handle=handle, made=made,
+                                      rows=made.num_dispatched_tokens, cols=cols,
+                                      device=handle[0].device)
+        return self._run(engine.get_combine_input_buffer, request)
 
     def _check_combine_input(self, hidden, probs, rows: int, probs_shape: tuple):
         self._input_rows(hidden, allow_fp8=False)
@@ -412,6 +349,12 @@ class HybridEPBuffer:
         if probs is not None:
             v.require_tensor("probs", probs, dtypes=(torch.float32,), ndim=len(probs_shape),
                              shape=probs_shape, device=hidden.device)
+
+    def _combine_request(self, stamp: CallStamp, hidden, probs, handle, made,
+                         fuse: bool = False) -> CombineRequest:
+        return CombineRequest(stamp=stamp.with_handle(made), config=self.config, handle=handle,
+                              made=made, hidden=hidden.contiguous(),
+                              probs=probs.contiguous() if probs is not None else None, fuse=fuse)
 
     # -- permuted variants -----------------------------------------------------------------------
     @collective("dispatch_with_permute")
@@ -438,8 +381,7 @@ class HybridEPBuffer:
         pad = v.normalize_pad_multiple(pad_multiple)
         v.check_flag("non_blocking", non_blocking)
         v.check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
-        if use_host_meta is not None:
-            v.check_flag("use_host_meta", use_host_meta)
+        compat.check_use_host_meta(use_host_meta)
         budget = None
         if num_permuted_tokens is not None:
             budget = v.require_int("num_permuted_tokens", num_permuted_tokens)
@@ -449,69 +391,23 @@ class HybridEPBuffer:
         elif non_blocking:
             raise ValueError("num_permuted_tokens: required with non_blocking=True (it sizes the "
                              "output without a host synchronisation)")
+        made = None
         if handle is not None:
             made = handles.check_handle(handle, self.config, permute=True,
                                         caller="dispatch_with_permute")
             v.check_same("pad_multiple", pad, made.pad_multiple)
             v.check_same("fuse_permute_dispatch", fuse_permute_dispatch,
-                        made.fuse_permute_dispatch)
+                         made.fuse_permute_dispatch)
             if budget is None:
                 budget = made.num_permuted_tokens
         self._check_rows("hidden", hidden.shape[0], non_blocking=non_blocking)
-
-        # The CUDA engine fuses the permute into the dispatch grid; the reference engine has
-        # one way to compute the same outputs.
-        fused = (pad, budget) if fuse_permute_dispatch and engine is self._cuda_engine else None
-        moved, layout, tokens, made, routing = self._dispatch_rows(
-            engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs,
-            routing_map=routing_map, handle=handle, permute=True,
-            caller="dispatch_with_permute", non_blocking=non_blocking, fused_permute=fused,
-            fused=fuse_permute_dispatch)
-        if fused is not None:
-            (out, out_probs, out_scales), plan = moved
-        else:
-            try:
-                plan = engine.permute_plan(layout, pad, budget)
-                out, out_probs, out_scales = engine.permute(*moved, plan)
-            except BaseException:
-                if engine is self._cuda_engine:
-                    engine.release_received()  # see CudaEngine.release_received
-                raise
-        v.check_dispatched_count(num_dispatched_tokens, layout.num_dispatched_tokens)
-
-        device = hidden.device
-        if isinstance(plan.overflow, torch.Tensor):
-            overflow = plan.overflow.to(device=device, dtype=torch.int32).reshape(1)
-        else:
-            overflow = torch.tensor([int(plan.overflow)], dtype=torch.int32, device=device)
-        if handle is not None and plan.num_permuted_tokens == made.num_permuted_tokens:
-            handle[10].copy_(overflow)
-        else:
-            if handle is not None:
-                chunk_layout = handle[5]
-            elif layout.dense_chunk_layout is not None:
-                chunk_layout = layout.dense_chunk_layout
-            else:
-                chunk_layout = layouts.dense_chunk_layout(
-                    routing, self.topology, self.config.num_local_experts,
-                    self.config.num_of_tokens_per_chunk_dispatch_api)
-            this_call = {"num_permuted_tokens": plan.num_permuted_tokens,
-                         "non_blocking": non_blocking}
-            # One replace per call: each copies the whole config.
-            call = made.replace(**this_call) if made else self.config.replace(
-                max_num_of_tokens_per_rank=tokens, with_permute=True, num_tokens=hidden.shape[0],
-                num_dispatched_tokens=layout.num_dispatched_tokens, pad_multiple=pad,
-                fuse_permute_dispatch=fuse_permute_dispatch, handle_id=next(self._handles),
-                **this_call)
-            handle = handles.make_permute_handle(
-                layout, chunk_layout, plan.dense_to_expert_map, plan.raw_tokens_per_expert,
-                tokens, call, overflow, device)
-        tokens_per_expert = plan.padded_tokens_per_expert.to(torch.int64)
-        if non_blocking:
-            tokens_per_expert = tokens_per_expert.to(device)
-        elif device.type == "cuda":
-            tokens_per_expert = tokens_per_expert.cpu().pin_memory()
-        return out, out_probs, out_scales, tokens_per_expert, handle
+        request = self._dispatch_request(
+            engine, hidden=hidden, scaling_factor=scaling_factor, probs=probs, handle=handle,
+            made=made, caller="dispatch_with_permute", non_blocking=non_blocking,
+            fused=fuse_permute_dispatch, routing_map=routing_map,
+            num_dispatched_tokens=num_dispatched_tokens, pad_multiple=pad,
+            num_permuted_tokens=budget)
+        return self._run(engine.dispatch_with_permute, request)
 
     @collective("combine_with_unpermute")
     def combine_with_unpermute(self, *, hidden, probs=None, handle=None, pad_multiple=None,
@@ -531,20 +427,11 @@ class HybridEPBuffer:
         self._check_combine_input(hidden, probs, made.num_permuted_tokens,
                                   probs_shape=(made.num_permuted_tokens,))
         engine = self._engine(hidden)
-        self._agree(engine, CallStamp("combine_with_unpermute", engine=engine.name,
-                                      width=hidden.shape[1], probs=probs is not None,
-                                      fused=fuse_unpermute_combine).with_handle(made),
-                    hidden.shape[0])
-        layout = handles.layout_from_handle(handle)
-        self._count_combine_sends(engine, layout, handle[8], hidden, probs is not None)
-        # The CUDA engine fuses the unpermute into the combine grid; the reference engine has
-        # one way to compute the same outputs.
-        extra = ({"fused": True} if fuse_unpermute_combine and engine is self._cuda_engine
-                 else {})
-        return engine.unpermute_combine(hidden.contiguous(),
-                                        probs.contiguous() if probs is not None else None,
-                                        layout, handle[6], made.num_dispatched_tokens, handle[8],
-                                        made.num_tokens, **extra)
+        stamp = CallStamp("combine_with_unpermute", engine=engine.name, width=hidden.shape[1],
+                          probs=probs is not None, fused=fuse_unpermute_combine)
+        return self._run(engine.combine_with_unpermute,
+                         self._combine_request(stamp, hidden, probs, handle, made,
+                                               fuse=fuse_unpermute_combine))
 
     # -- configuration ---------------------------------------------------------------------------
     def update_template_config(self, hidden_dim=None, num_of_tokens_per_rank=None,
@@ -570,7 +457,7 @@ class HybridEPBuffer:
             experts = v.require_int("num_local_experts", num_local_experts, minimum=1)
             if experts != self.config.num_local_experts:
                 changes["num_local_experts"] = experts
-                self._reference = self._new_reference(experts)
+                self._reference = self._new_reference(experts, self._reference.sends)
         if pad_multiple is not None:
             changes["pad_multiple"] = v.normalize_pad_multiple(pad_multiple)
         if use_fp8 is not None:
@@ -579,9 +466,12 @@ class HybridEPBuffer:
         v.check_flag("fuse_permute_dispatch", fuse_permute_dispatch)
         changes["fuse_permute_dispatch"] = fuse_permute_dispatch
         for key, value in kwargs.items():
+            if compat.check_template_kwarg(key, value):
+                continue
             if key not in _TUNABLE_FIELDS:
+                known = _TUNABLE_FIELDS + tuple(compat.UPDATE_TEMPLATE_CONFIG)
                 raise TypeError(f"update_template_config: unknown argument {key!r}; expected one "
-                                f"of {', '.join(_TUNABLE_FIELDS)}")
+                                f"of {', '.join(known)}")
             changes[key] = v.require_int(key, value, minimum=1)
         self.config = self.config.replace(**changes)
         return self.config
@@ -598,7 +488,4 @@ class HybridEPBuffer:
             self._cuda_engine = None
 
     def empty_jit_cache(self):
-        """Empties ``$HYBRID_EP_CACHE_DIR/kernels`` (only that folder: the root may be shared)."""
-        kernels = self._env.cache_dir / "kernels"
-        if kernels.is_dir():
-            shutil.rmtree(kernels)
+        """Does nothing: no kernel is compiled at run time (compat.METHODS)."""

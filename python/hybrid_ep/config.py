@@ -10,7 +10,6 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from .backends import doca, nixl_control, p2p_wire
 from .backends.p2p_wire import WireSpec
@@ -34,10 +33,6 @@ ENV_VARS = (
            "shared-memory ring stages of dispatch (clamped to what shared memory holds)"),
     EnvVar("NUM_OF_STAGES_G2S_COMBINE_API", "16",
            "load ring stages of combine (at least ranks per domain; clamped to shared memory)"),
-    EnvVar("NUM_OF_STAGES_S2G_COMBINE_API", "2",
-           "store stages of combine (accepted; the combine kernel stores its rows directly)"),
-    EnvVar("HYBRID_EP_CACHE_DIR", "~/.cache/hybrid_ep",
-           "cache root; empty_jit_cache() empties its kernels/ folder"),
     EnvVar("HYBRID_EP_NUM_CHANNELS", "1", "independent network queues per peer (1-64)"),
     EnvVar("DEEPEP_NIXL_GDA_NUM_CHANNELS", "unset", "alias of HYBRID_EP_NUM_CHANNELS (nixl build)"),
     EnvVar("DEEPEP_NIXL_RUN_ID", "SLURM ids", "run id naming the NIXL agents"),
@@ -194,11 +189,6 @@ def combine_pieces_from_env() -> int:
     return pieces
 
 
-def cache_dir() -> Path:
-    value = _raw("HYBRID_EP_CACHE_DIR") or "~/.cache/hybrid_ep"
-    return Path(value).expanduser()
-
-
 @dataclass(frozen=True)
 class EnvSettings:
     """Everything read from the environment, parsed and checked once per buffer."""
@@ -210,14 +200,12 @@ class EnvSettings:
     tokens_per_chunk_preprocessing: int
     stages_dispatch: int
     stages_g2s_combine: int
-    stages_s2g_combine: int
     num_channels: int
     run_id: str | None
     etcd_endpoints: tuple[str, ...]
     nic_mapping: dict | None
     engine: str
     timeout_s: float
-    cache_dir: Path
     combine_pieces: int = 0  # 0: automatic
     ib_gid_index: int | None = None  # None: automatic
     ib_traffic_class: int = 0
@@ -241,14 +229,12 @@ class EnvSettings:
                 "NUM_OF_TOKENS_PER_CHUNK_PREPROCESSING_API", 64, 1, 4096),
             stages_dispatch=env_int("NUM_OF_STAGES_DISPATCH_API", 12, 1, 64),
             stages_g2s_combine=env_int("NUM_OF_STAGES_G2S_COMBINE_API", 16, 1, 64),
-            stages_s2g_combine=env_int("NUM_OF_STAGES_S2G_COMBINE_API", 2, 1, 64),
             num_channels=num_channels_from_env(),
             run_id=nixl_control.parse_run_id(_raw("DEEPEP_NIXL_RUN_ID"), os.environ),
             etcd_endpoints=nixl_control.parse_etcd_endpoints(_raw("NIXL_ETCD_ENDPOINTS")),
             nic_mapping=doca.parse_nic_mapping(_raw("HYBRID_EP_NIC_MAPPING")),
             engine=env_choice("HYBRID_EP_ENGINE", "auto", ("auto", "reference", "cuda")),
             timeout_s=env_float("HYBRID_EP_TIMEOUT_S", 30.0),
-            cache_dir=cache_dir(),
             combine_pieces=combine_pieces_from_env(),
             ib_gid_index=gid_index_from_env(),
             ib_traffic_class=env_int("HYBRID_EP_IB_TRAFFIC_CLASS", 0, 0, 255),
@@ -308,7 +294,6 @@ class HybridEPConfig:
     num_of_tokens_per_chunk_preprocessing_api: int
     num_of_stages_dispatch_api: int
     num_of_stages_g2s_combine_api: int
-    num_of_stages_s2g_combine_api: int
     num_channels: int
     # Template values set by update_template_config; the call's own values win.
     pad_multiple: int = 1

@@ -1,6 +1,6 @@
 """The CUDA engine: HybridEPBuffer's calls on CUDA tensors, run by the compiled core.
 
-Python allocates every output with torch and hands raw pointers and the current stream to
+Each operation's flow is ``operations.Engine``'s; this class gives it the steps. Python allocates every output with torch and hands raw pointers and the current stream to
 ``hybrid_ep._C.Runtime``; the core never sees torch. Created on the first CUDA call (a
 collective: every rank makes the same calls), it registers one buffer per rank and maps the
 buffers of its NVLink domain through handles exchanged over the process group.
@@ -15,25 +15,18 @@ import warnings
 import torch
 
 from . import native, transport_bootstrap, transport_connect, transport_options
-from .call_stamp import CallStamp, differences
+from .call_stamp import CallStamp
 from .config import EnvSettings, HybridEPConfig
+from .device_status import raise_for_status
 from .engines import NeedsGrowth
 from .errors import HybridEPMismatchError, HybridEPTimeoutError
 from .layouts import DispatchLayout, PermuteLayout, ceil_div
+from .operations import Engine
 from .registered_views import RegisteredViews
 from .topology import Topology
 
 __all__ = ["CudaEngine", "HybridEPMismatchError", "HybridEPTimeoutError", "fused_blocks"]
 
-_STATUS_TIMEOUT, _STATUS_MISMATCH = 1, 2  # kernels/common/status.h
-_WAIT_SITES = {1: "domain barrier", 2: "routing all-gather", 3: "dispatch chunk flag",
-               4: "network dispatch chunk", 5: "network combine chunk", 6: "network barrier",
-               7: "network routing all-gather", 8: "forwarded routing maps",
-               9: "unpermuted chunk", 10: "release of the previous dispatch's rows",
-               11: "routing all-gather (every rank's stamp)"}
-_NETWORK_SITES = (4, 5, 6, 7)
-_GATHERED_STAMPS = 11  # its peer is a global rank
-_DOMAIN_DISAGREES = 1 << 63  # kernels/common/flags.cuh: the peer's domain saw a mismatch
 # The current stream's handle without building a torch.cuda.Stream: about 0.2 us where
 # torch.cuda.current_stream() takes about 5, and the fused calls ask four times.
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -54,8 +47,9 @@ class StagedRows:
         self.with_probs = with_probs
 
 
-class CudaEngine:
+class CudaEngine(Engine):
     name = "cuda"
+    fuses = True
 
     def __init__(self, group, topo: Topology, config: HybridEPConfig, env: EnvSettings,
                  use_mnnvl: bool, rendezvous):
@@ -204,38 +198,7 @@ class CudaEngine:
         status = self.runtime.status()
         if status["code"] == 0:
             return
-        site = _WAIT_SITES.get(status["site"], f"site {status['site']}")
-        network = status["site"] in _NETWORK_SITES
-        R = self.topo.ranks_per_domain
-        if status["code"] == _STATUS_MISMATCH:
-            # The peer is the rank whose stamp differed (a local rank, or the peer of a domain).
-            peer = (status["peer"] if status["site"] == _GATHERED_STAMPS
-                    else status["peer"] * R + self.topo.local_rank if network
-                    else self.topo.node_rank * R + status["peer"])
-            mine = CallStamp.unpack(status["expected"])
-            theirs = CallStamp.unpack(status["seen"] & ~_DOMAIN_DISAGREES)
-            if status["seen"] & _DOMAIN_DISAGREES and mine == theirs:
-                what = (f"rank {peer} (the peer in domain {status['peer']}) found ranks of its "
-                        "domain disagreeing")
-            else:
-                what = (f"rank {peer}: {theirs.describe()} "
-                        f"({'; '.join(differences(mine, theirs))})")
-            raise HybridEPMismatchError(
-                f"rank {self.topo.rank}: ranks disagree on the call (every rank must make the "
-                f"same call), found at the {site}: this rank: {mine.describe()}; {what}. The "
-                "call did not move data; this buffer cannot be used any more")
-        peer = (f"rank {status['peer'] * R + self.topo.local_rank} (the peer in domain "
-                f"{status['peer']})" if network
-                else f"rank {self.topo.node_rank * R + status['peer']} (local rank "
-                     f"{status['peer']})")
-        # The kernel that failed recorded the stamp of its call.
-        op = CallStamp.unpack(status["stamp"]).op if status["stamp"] else "an internal step"
-        raise HybridEPTimeoutError(
-            f"rank {self.topo.rank}: {op}: GPU wait at the {site} "
-            f"for {peer} (slot {status['slot']}) timed out after {self.env.timeout_s:g} s: "
-            f"expected {status['expected']}, saw {status['seen']}. The peer died, hangs, raised "
-            "before the call, or called a different operation; this buffer cannot be used any "
-            "more (HYBRID_EP_TIMEOUT_S sets the limit)")
+        raise_for_status(status, self.topo, self.env.timeout_s)
 
     def _row_bytes(self, hidden: torch.Tensor) -> int:
         row_bytes = hidden.shape[1] * hidden.element_size()
@@ -310,8 +273,9 @@ class CudaEngine:
             self._counts_pending = False
 
     # -- dispatch / combine ----------------------------------------------------------------------
-    def dispatch(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int,
-                 keep_in_buffer: bool = False, fused_permute: tuple[int, int | None] | None = None):
+    def move_rows(self, hidden, probs, scaling_factor, layout: DispatchLayout, tokens: int,
+                  keep_in_buffer: bool = False,
+                  fused_permute: tuple[int, int | None] | None = None):
         """Rows to every destination's registered buffer; then copied out into new tensors, or
         (``keep_in_buffer``, the permute path) left there for the permute kernel. With a
         handle inside one domain, a rank's rows from itself go straight into the new tensors. With
@@ -408,7 +372,7 @@ class CudaEngine:
             _ptr(out_scales), self._stream())
         return (out, out_probs, out_scales), plan
 
-    def combine(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
+    def combine_rows(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):
         return self._combine(hidden, probs, layout, tokens, num_tokens, None)
 
     def combine_input(self, rows: int, cols: int, device: torch.device) -> torch.Tensor:
@@ -535,6 +499,13 @@ class CudaEngine:
                              padded_tokens_per_expert=tokens_per_expert,
                              num_permuted_tokens=num_permuted_tokens, overflow=overflow,
                              row_source=row_source)
+
+    def permute_received(self, moved, layout, pad_multiple: int, num_permuted_tokens):
+        try:
+            return super().permute_received(moved, layout, pad_multiple, num_permuted_tokens)
+        except BaseException:
+            self.release_received()  # see release_received
+            raise
 
     def permute(self, rows: StagedRows, probs, scaling_factor, plan: PermuteLayout):
         """Gathers the staged rows into expert-major order (zero rows for padding)."""

@@ -29,8 +29,8 @@ def select_engine(mode: str, device: torch.device, reference, cuda_engine):
     if device.type == "cuda":
         if not native.cuda_engine_built():
             raise NotImplementedError(
-                "hidden: CUDA tensors need the CUDA engine, which this build of hybrid_ep does "
-                f"not contain ({native.describe_build()}); HYBRID_EP_ENGINE=reference runs the "
+                "hidden: CUDA tensors need the CUDA engine, whose compiled core hybrid_ep._C "
+                f"does not load ({native.load()}); HYBRID_EP_ENGINE=reference runs the "
                 "pure-torch reference engine on CUDA tensors (slow, for testing).")
         return cuda_engine()
     raise ValueError(f"hidden: on device {device}; expected a CPU or CUDA tensor")

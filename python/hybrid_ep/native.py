@@ -79,13 +79,6 @@ def missing_library_message(error: ImportError, path: str | None = None) -> str 
 
 @functools.cache  # every CUDA call asks; the build does not change in a process
 def cuda_engine_built() -> bool:
-    loaded = load()
-    return not isinstance(loaded, ImportError) and bool(loaded.build_info().get("cuda_engine"))
+    """Whether the compiled core loads: every build of it holds the CUDA engine."""
+    return not isinstance(load(), ImportError)
 
-
-def describe_build() -> str:
-    loaded = load()
-    if isinstance(loaded, ImportError):
-        return "compiled core missing"
-    info = loaded.build_info()
-    return f"transport {info['transport']}, CUDA archs {info['cuda_architectures']}"

@@ -1,4 +1,5 @@
-"""Cases that combine the basic ones: two buffers alive in one process."""
+"""Cases that combine the basic ones: two buffers alive in one process; the arguments accepted
+for compatibility."""
 
 from __future__ import annotations
 
@@ -52,3 +53,23 @@ def two_buffers(spec_a: dict, spec_b: dict, pad_multiple) -> None:
 
     # and A again, after B was used
     dispatch_combine(spec_a, buf=buf_a, reuse=False)
+
+
+def compatibility_arguments(spec: dict) -> None:
+    """What compat.py lists is accepted and changes nothing; its checks still raise."""
+    import pytest
+
+    buf = make_buffer(spec, load_cached_kernels=True, use_shared_buffer=False,
+                      enable_custom_allgather=True)
+    before = buf.config
+    assert buf.update_template_config(num_of_stages_s2g_combine_api=4) == before
+    with pytest.raises(ValueError, match="num_of_stages_s2g_combine_api"):
+        buf.update_template_config(num_of_stages_s2g_combine_api=0)
+    assert buf.empty_jit_cache() is None
+    r, inputs = rank(), gen_all_inputs(spec)
+    a = inputs[r]
+    out = buf.dispatch_with_permute(hidden=a["hidden"], scaling_factor=a["scaling_factor"],
+                                    use_host_meta=True, **routing_kwargs(spec, a, permute=True))
+    T = handle_T(out[4], spec)
+    check_permute(out, Oracle(spec, inputs).permute(r, 1, T=T), Oracle(spec, inputs), r, T,
+                  "use_host_meta=True", a["hidden"].dtype)

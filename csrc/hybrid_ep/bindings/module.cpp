@@ -34,8 +34,6 @@ PYBIND11_MODULE(_C, m) {
         d["version"] = info.version;
         d["host_compiler"] = info.host_compiler;
         d["transport_library"] = info.transport_library;
-        // The intra-domain CUDA engine (memory, kernels, executor) is part of this build.
-        d["cuda_engine"] = true;
         return d;
       },
       "How this extension was built, plus the CUDA runtime and driver versions seen now.");

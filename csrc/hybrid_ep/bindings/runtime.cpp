@@ -39,6 +39,25 @@ py::dict status_dict(const DeviceStatus& s) {
 }  // namespace
 
 void register_runtime(py::module_& m) {
+  // The codes and wait sites of DeviceStatus (kernels/common/status.h): the Python side names a
+  // failure from these instead of copies of the numbers.
+  py::enum_<StatusCode>(m, "StatusCode")
+      .value("kOk", StatusCode::kOk)
+      .value("kTimeout", StatusCode::kTimeout)
+      .value("kMismatch", StatusCode::kMismatch);
+  py::enum_<WaitSite>(m, "WaitSite")
+      .value("kBarrier", WaitSite::kBarrier)
+      .value("kAllgather", WaitSite::kAllgather)
+      .value("kDispatchChunk", WaitSite::kDispatchChunk)
+      .value("kNetworkFlag", WaitSite::kNetworkFlag)
+      .value("kNetworkCombine", WaitSite::kNetworkCombine)
+      .value("kNetworkBarrier", WaitSite::kNetworkBarrier)
+      .value("kNetworkAllgather", WaitSite::kNetworkAllgather)
+      .value("kForward", WaitSite::kForward)
+      .value("kUnpermuteChunk", WaitSite::kUnpermuteChunk)
+      .value("kReceiveRelease", WaitSite::kReceiveRelease)
+      .value("kGatheredStamps", WaitSite::kGatheredStamps);
+
   py::class_<RuntimeConfig>(m, "RuntimeConfig")
       .def(py::init<>())
       .def_readwrite("world", &RuntimeConfig::world)

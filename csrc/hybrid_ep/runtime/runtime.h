@@ -31,8 +31,8 @@ struct RuntimeConfig {
   int hidden = 16;  // widest hidden the buffer holds (BF16 rows)
   int dispatch_chunk = 64;
   int combine_chunk = 64;
-  int stages_dispatch = 8;
-  int stages_combine = 16;
+  int stages_dispatch = 12;  // NUM_OF_STAGES_DISPATCH_API's default (config.py)
+  int stages_combine = 16;   // NUM_OF_STAGES_G2S_COMBINE_API's default
   int sms_dispatch = 16;
   int sms_combine = 16;
   int sms_preprocessing = 32;

@@ -1,7 +1,8 @@
 """The pure-torch reference engine: exact semantics over any process group, on any device.
 
-It is the oracle of every CUDA test and what ``HybridEPBuffer`` runs on CPU tensors. Inputs
-arrive validated and normalised by the buffer (contiguous, routing as a bool map).
+It is the oracle of every CUDA test and what ``HybridEPBuffer`` runs on CPU tensors. Each
+operation's flow is ``operations.Engine``'s; this class gives it the steps, from inputs the
+buffer validated and normalised (contiguous, routing as a bool map).
 """
 
 from __future__ import annotations
@@ -10,18 +11,19 @@ import torch
 
 from ..call_stamp import CallStamp, mismatch_message
 from ..errors import HybridEPMismatchError
+from ..operations import Engine
 from ..topology import Topology
 from . import layout as layouts
 from . import movement, network
 from .comm import CallGroup, all_gather_rows
 
 
-class ReferenceEngine:
+class ReferenceEngine(Engine):
     name = "reference"
 
     def __init__(self, group, topo: Topology, experts_per_rank: int, rendezvous,
-                 timeout_s: float = 30.0, combine_wire: str = "bf16",
-                 prob_puts: str = "run"):
+                 sends: network.TransportStats, timeout_s: float = 30.0,
+                 combine_wire: str = "bf16", prob_puts: str = "run"):
         # Every collective of a call is bounded by HYBRID_EP_TIMEOUT_S (comm.CallGroup).
         self.group = CallGroup(group, timeout_s)
         self.topo = topo
@@ -29,6 +31,7 @@ class ReferenceEngine:
         self.rendezvous = rendezvous
         self.combine_wire = combine_wire  # HYBRID_EP_COMBINE_WIRE: partials between domains
         self.prob_puts = prob_puts  # HYBRID_EP_PROB_PUTS: run or token
+        self.sends = sends  # the modelled network sends (HybridEPBuffer.transport_stats)
         self._largest_tokens = None  # of the call under way, from its agreement
 
     # -- the agreement every call starts with --------------------------------------------------
@@ -67,9 +70,9 @@ class ReferenceEngine:
         """Nothing is preallocated here; the layouts follow the new maximum by themselves."""
 
     # -- the network counters' model (HybridEPBuffer.transport_stats) ------------------------
-    def count_dispatch_sends(self, sends, config, layout, tokens: int, hidden, probs,
+    def count_dispatch_sends(self, config, layout, tokens: int, hidden, probs,
                              scaling_factor) -> None:
-        """Adds a dispatch's network puts and signals (reference/network.py) to ``sends``;
+        """Adds a dispatch's network puts and signals (reference/network.py) to ``self.sends``;
         inside one domain nothing crosses the network."""
         if self.topo.num_of_nodes == 1:
             return
@@ -77,12 +80,12 @@ class ReferenceEngine:
             row=hidden.shape[1] * hidden.element_size(),
             probs=4 * self.experts * self.topo.ranks_per_domain if probs is not None else 0,
             scales=4 * scaling_factor.shape[1] if scaling_factor is not None else 0)
-        network.count_dispatch_sends(sends, layout.attn_to_rdma_map, tokens,
+        network.count_dispatch_sends(self.sends, layout.attn_to_rdma_map, tokens,
                                      config.num_of_tokens_per_chunk_dispatch_api,
                                      config.num_sms_dispatch_api, widths,
                                      per_token_probs=self.prob_puts == "token")
 
-    def count_combine_sends(self, sends, config, layout, tokens: int, hidden,
+    def count_combine_sends(self, config, layout, tokens: int, hidden,
                             with_probs: bool) -> None:
         """The combine's network leg, modelled like the dispatch's: the partials travel at the
         wire's width (HYBRID_EP_COMBINE_WIRE), their probs fp32."""
@@ -92,14 +95,16 @@ class ReferenceEngine:
             row=(2 if self.combine_wire == "bf16" else 4) * hidden.shape[1],
             probs=4 * self.experts * self.topo.ranks_per_domain if with_probs else 0,
             scales=0)
-        network.count_combine_sends(sends, layout.rdma_to_attn_map, self.topo.node_rank, tokens,
+        network.count_combine_sends(self.sends, layout.rdma_to_attn_map, self.topo.node_rank, tokens,
                                     config.num_of_tokens_per_chunk_dispatch_api,
                                     config.num_sms_combine_api, widths)
 
     # -- dispatch ----------------------------------------------------------------------------
-    def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor | None,
-                 scaling_factor: torch.Tensor | None, layout: layouts.DispatchLayout,
-                 tokens: int, keep_in_buffer: bool = False):
+    def move_rows(self, hidden: torch.Tensor, probs: torch.Tensor | None,
+                  scaling_factor: torch.Tensor | None, layout: layouts.DispatchLayout,
+                  tokens: int, keep_in_buffer: bool = False, fused_permute=None):
+        """The rows this rank receives, as tensors (``keep_in_buffer`` and ``fused_permute``
+        are the CUDA engine's: nothing is registered or fused here)."""
         rows = layout.num_dispatched_tokens
         move = self._mover(layout, tokens, rows)
         out_hidden = move(hidden)
@@ -128,8 +133,8 @@ class ReferenceEngine:
         """A tensor for the next combine's input: nothing is registered here, so a plain one."""
         return torch.empty(rows, cols, dtype=torch.bfloat16, device=device)
 
-    def combine(self, hidden: torch.Tensor, probs: torch.Tensor | None,
-                layout: layouts.DispatchLayout, tokens: int, num_tokens: int):
+    def combine_rows(self, hidden: torch.Tensor, probs: torch.Tensor | None,
+                     layout: layouts.DispatchLayout, tokens: int, num_tokens: int):
         """``hidden`` [D, H] (any float dtype, summed in fp32), ``probs`` fp32 [D, E*R]."""
         s2d = layout.sparse_to_dense_map
         partial = movement.reduce_in_domain(hidden.float(), s2d, self.topo, self.group)
@@ -149,6 +154,11 @@ class ReferenceEngine:
         return combined.to(torch.bfloat16), combined_probs
 
     # -- permute / unpermute (local to the rank) ---------------------------------------------
+    def chunk_layout(self, layout, routing, config) -> torch.Tensor:
+        """The preprocess builds none here: computed from the gathered routing."""
+        return layouts.dense_chunk_layout(routing, self.topo, config.num_local_experts,
+                                          config.num_of_tokens_per_chunk_dispatch_api)
+
     def permute_plan(self, layout: layouts.DispatchLayout, pad_multiple: int,
                      num_permuted_tokens: int | None) -> layouts.PermuteLayout:
         return layouts.permute_layout(layout.local_expert_routing_map.cpu(),
@@ -206,7 +216,8 @@ class ReferenceEngine:
 
     def unpermute_combine(self, hidden: torch.Tensor, probs: torch.Tensor | None,
                           layout: layouts.DispatchLayout, dense_to_expert_map: torch.Tensor,
-                          num_dispatched: int, tokens: int, num_tokens: int):
-        """combine_with_unpermute: the fp32 unpermuted sums go into combine unrounded."""
+                          num_dispatched: int, tokens: int, num_tokens: int, fused: bool = False):
+        """combine_with_unpermute: the fp32 unpermuted sums go into combine unrounded (one way
+        to compute them: ``fused`` is the CUDA engine's)."""
         dense, dense_probs = self.unpermute(hidden, probs, dense_to_expert_map, num_dispatched)
-        return self.combine(dense, dense_probs, layout, tokens, num_tokens)
+        return self.combine_rows(dense, dense_probs, layout, tokens, num_tokens)

@@ -79,10 +79,6 @@ __device__ __forceinline__ void bulk_wait() {
 }
 
 // Orders generic-proxy accesses before later async-proxy (TMA) ones and vice versa.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
