@@ -40,9 +40,7 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.chunk = c.dispatch_chunk;
   p.max_chunks = (T + c.dispatch_chunk - 1) / c.dispatch_chunk;
   p.side_by_tma = dispatch_side_data_by_tma(p);
-  p.stages = runtime.dispatch_stages(
-      dispatch_stage_bytes(call.row_bytes, p.side_by_tma && p.probs ? p.prob_cols * 4 : 0,
-                           p.side_by_tma && p.scales ? p.scale_cols * 4 : 0));
+  p.stages = runtime.dispatch_stages(dispatch_stage_bytes(p));
   p.dispatch_rows = l.dispatch_rows;
   p.dispatch_probs = l.dispatch_probs;
   p.dispatch_scales = l.dispatch_scales;

@@ -314,8 +314,8 @@ struct SegmentCopyParams {
 
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.
 int dispatch_min_stages();
-size_t dispatch_reserved_smem(int chunk, int ranks);  // besides the ring: routes, run scratch
-size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
+size_t dispatch_reserved_smem(int chunk, int ranks);   // besides the ring: routes, run scratch
+size_t dispatch_stage_bytes(const DispatchParams& p);  // p's rows, and its side data by TMA
 bool dispatch_side_data_by_tma(const DispatchParams& p);
 // Per stage for p's pieces, input type and probs; and the rest of the kernel's shared memory.
 size_t combine_stage_bytes(const CombineParams& p);
