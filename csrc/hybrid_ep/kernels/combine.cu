@@ -405,9 +405,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
 // unit flag without moving it (several blocks wait for one unit).
 __global__ void advance_unpermute_expected(CombineParams p) {
   const DomainView& d = p.domain;
-  const int flags = d.ranks * d.nodes * p.unpermute.max_chunks * p.unpermute.slices;
+  const int flags = int(p.unpermute.flags.count());
   for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < flags; k += gridDim.x * blockDim.x) {
-    ++*d.expected_for(p.unpermute.flags + sizeof(uint64_t) * k);
+    ++*d.expected_for(p.unpermute.flags.nth(k));
   }
 }
 

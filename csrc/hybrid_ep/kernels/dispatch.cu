@@ -222,7 +222,7 @@ __device__ __forceinline__ int domain_at(const DispatchParams& p, int step) {
 __device__ bool chunk_arrived(const DispatchParams& p, int node, int c) {
   const DomainView& d = p.domain;
   if (node == d.node_rank) return true;
-  const size_t slot = p.network_flags + sizeof(uint64_t) * (size_t(node) * p.max_chunks + c);
+  const size_t slot = p.network_flags.slot(node, c);
   return wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
                    WaitSite::kNetworkFlag, node, c);
 }
@@ -322,9 +322,7 @@ __device__ __forceinline__ void drain_stores(const Smem& s, int lane, int& pendi
 // Flag of chunk c of domain `node`, forwarded by this rank, in local rank j's buffer.
 __device__ __forceinline__ uint64_t* chunk_flag(const DispatchParams& p, int j, int node, int c) {
   const DomainView& d = p.domain;
-  const size_t slot = sizeof(uint64_t) * (size_t(d.local_rank) * d.nodes * p.max_chunks +
-                                          size_t(node) * p.max_chunks + c);
-  return reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags + slot);
+  return reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags.slot(d.local_rank, node, c));
 }
 
 // Lane 0 of a store warp whose bulk stores of the block's chunk number `ordinal` (chunk c of
@@ -468,13 +466,11 @@ __device__ void wait_incoming(const DispatchParams& p) {
   const DomainView& d = p.domain;
   const int my_chunks =
       (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
-  const int per_rank = d.nodes * p.max_chunks;
   for (int k = threadIdx.x; k < my_chunks * d.nodes * d.ranks; k += blockDim.x) {
     const int source = k % d.ranks;
     const int node = (k / d.ranks) % d.nodes;
     const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * p.dispatch_blocks;
-    const size_t slot = p.dispatch_flags + sizeof(uint64_t) * (size_t(source) * per_rank +
-                                                               size_t(node) * p.max_chunks + c);
+    const size_t slot = p.dispatch_flags.slot(source, node, c);
     if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
                    WaitSite::kDispatchChunk, source, node * p.max_chunks + c)) {
       return;
@@ -560,9 +556,9 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
 // of every incoming chunk flag without moving it (several blocks wait for one chunk).
 __global__ void advance_dispatch_expected(DispatchParams p) {
   const DomainView& d = p.domain;
-  const int flags = d.ranks * d.nodes * p.max_chunks;
+  const int flags = int(p.dispatch_flags.count());
   for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < flags; k += gridDim.x * blockDim.x) {
-    ++*d.expected_for(p.dispatch_flags + sizeof(uint64_t) * k);
+    ++*d.expected_for(p.dispatch_flags.nth(k));
   }
 }
 

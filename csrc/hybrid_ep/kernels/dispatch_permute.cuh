@@ -114,9 +114,7 @@ struct PermuteSource {
 __device__ __forceinline__ bool permute_chunk_arrived(const DispatchParams& p,
                                                       const PermuteItem& it) {
   const DomainView& d = p.domain;
-  const size_t slot =
-      p.dispatch_flags + sizeof(uint64_t) * (size_t(it.source_rank) * d.nodes * p.max_chunks +
-                                             size_t(it.node) * p.max_chunks + it.chunk);
+  const size_t slot = p.dispatch_flags.slot(it.source_rank, it.node, it.chunk);
   const bool ok =
       wait_until(reinterpret_cast<const uint64_t*>(d.self() + slot), *d.expected_for(slot) + 1, d,
                  WaitSite::kDispatchChunk, it.source_rank, it.node * p.max_chunks + it.chunk);

@@ -150,12 +150,9 @@ const TransportContext& Runtime::control_transport() const {
 }
 
 BarrierParams Runtime::barrier() const {
-  return BarrierParams{domain(),
-                       control_transport(),
-                       layout_.barrier_flags,
-                       layout_.net_barrier_flags,
-                       layout_.barrier_stamps,
-                       layout_.net_barrier_stamps};
+  const FlagTables flags = layout_.flag_tables(shape_);
+  return BarrierParams{domain(),          control_transport(),    flags.barrier,
+                       flags.net_barrier, layout_.barrier_stamps, layout_.net_barrier_stamps};
 }
 
 const TransportContext& Runtime::transport() const {
