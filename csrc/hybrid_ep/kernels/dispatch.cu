@@ -65,19 +65,15 @@ struct StageLayout {
   int row_bytes, prob_bytes, scale_bytes;  // side bytes are 0 when not carried by TMA
   int prob_at, scale_at, stride;
 
-  __host__ __device__ static StageLayout make(int row_bytes, int prob_bytes, int scale_bytes) {
+  __host__ __device__ static StageLayout make(const DispatchParams& p) {
     StageLayout s{};
-    s.row_bytes = row_bytes;
-    s.prob_bytes = prob_bytes;
-    s.scale_bytes = scale_bytes;
+    s.row_bytes = p.row_bytes;
+    s.prob_bytes = p.side_by_tma && p.probs != nullptr ? p.prob_cols * 4 : 0;
+    s.scale_bytes = p.side_by_tma && p.scales != nullptr ? p.scale_cols * 4 : 0;
     s.prob_at = align_up(s.row_bytes, 16);
     s.scale_at = s.prob_at + align_up(s.prob_bytes, 16);
     s.stride = align_up(s.scale_at + s.scale_bytes, 128);
     return s;
-  }
-  __host__ __device__ static StageLayout make(const DispatchParams& p) {
-    return make(p.row_bytes, p.side_by_tma && p.probs != nullptr ? p.prob_cols * 4 : 0,
-                p.side_by_tma && p.scales != nullptr ? p.scale_cols * 4 : 0);
   }
   __host__ __device__ int bytes() const { return row_bytes + prob_bytes + scale_bytes; }
 };
