@@ -100,13 +100,13 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
     } else {
       p.unpermute_blocks = call.fused_unpermute_blocks;
     }
+    const int chunks = (T + c.dispatch_chunk - 1) / c.dispatch_chunk;
     p.unpermute = {unpermute_params(runtime, call),
                    call.chunk_layout,
                    c.dispatch_chunk,
-                   (T + c.dispatch_chunk - 1) / c.dispatch_chunk,
+                   chunks,
                    T,
-                   kUnpermuteSlices,
-                   l.unpermute_flags};
+                   l.flag_tables(s).unpermute.with_chunks(chunks)};
   }
   p.domain = barrier.domain;
   p.sparse_to_dense_map = call.sparse_to_dense_map;
@@ -148,7 +148,7 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
     a.partial_probs_at = l.partial_probs;
     a.net_partials = l.net_partials;
     a.net_partial_probs = l.net_partial_probs;
-    a.combine_flags = l.combine_flags;
+    a.combine_flags = l.flag_tables(s).combine.with_chunks(a.max_chunks);
   }
   // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
   // (or what HYBRID_EP_COMBINE_PIECES asks for, where the hidden size splits so).

@@ -40,17 +40,16 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.chunk = c.dispatch_chunk;
   p.max_chunks = (T + c.dispatch_chunk - 1) / c.dispatch_chunk;
   p.side_by_tma = dispatch_side_data_by_tma(p);
-  p.stages = runtime.dispatch_stages(
-      dispatch_stage_bytes(call.row_bytes, p.side_by_tma && p.probs ? p.prob_cols * 4 : 0,
-                           p.side_by_tma && p.scales ? p.scale_cols * 4 : 0));
+  p.stages = runtime.dispatch_stages(dispatch_stage_bytes(p));
   p.dispatch_rows = l.dispatch_rows;
   p.dispatch_probs = l.dispatch_probs;
   p.dispatch_scales = l.dispatch_scales;
-  p.dispatch_flags = l.dispatch_flags;
+  const FlagTables flags = l.flag_tables(s);
+  p.dispatch_flags = flags.dispatch.with_chunks(p.max_chunks);
   p.net_rows = l.net_rows;
   p.net_probs = l.net_probs;
   p.net_scales = l.net_scales;
-  p.network_flags = l.network_flags;
+  p.network_flags = flags.network.with_chunks(p.max_chunks);
   p.wait_receivers = runtime.releases_receive();
   p.receive_releases = l.receive_releases;
   if (c.nodes > 1 && call.probs != nullptr) {

@@ -6,6 +6,7 @@ namespace hybrid_ep {
 void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t stream) {
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
+  const FlagTables flags = l.flag_tables(runtime.shape());
   AllgatherParams gather{};
   gather.domain = runtime.domain();
   gather.routing_map = call.routing_map;
@@ -15,7 +16,7 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   gather.routing = l.routing;
   gather.token_counts = l.token_counts;
   gather.call_stamps = l.call_stamps;
-  gather.barrier_flags = l.barrier_flags;
+  gather.barrier_flags = flags.barrier;
   gather.barrier_stamps = l.barrier_stamps;
   launch_allgather(gather, stream);
   if (c.nodes > 1) {
@@ -27,9 +28,9 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
     net.routing = l.routing;
     net.token_counts = l.token_counts;
     net.call_stamps = l.call_stamps;
-    net.net_barrier_flags = l.net_barrier_flags;
+    net.net_barrier_flags = flags.net_barrier;
     net.net_barrier_stamps = l.net_barrier_stamps;
-    net.forward_flags = l.forward_flags;
+    net.forward_flags = flags.forward;
     launch_allgather_network(net, stream);
   }
 

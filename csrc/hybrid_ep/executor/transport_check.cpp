@@ -34,8 +34,7 @@ unsigned long long run_transport_check(Runtime& runtime, size_t bytes, int chann
     p.domain = runtime.domain();
     p.transport = t;
     p.scratch = l.combine_rows;
-    p.network_flags = l.network_flags;
-    p.max_chunks = int(s.max_chunks());
+    p.network_flags = l.flag_tables(s).network;
     p.channel = channel;
     p.bytes = bytes;
     p.mismatches = mismatches;
@@ -78,10 +77,9 @@ void run_network_send_check(Runtime& runtime, const bool* goes, const uint8_t* r
       network_source(runtime, rows, size_t(num_tokens) * row_bytes, l.staged_rows, stream));
   p.num_tokens = num_tokens;
   p.chunk = c.dispatch_chunk;
-  p.max_chunks = int(s.max_chunks());
   p.row_bytes = row_bytes;
   p.net_rows = l.net_rows;
-  p.network_flags = l.network_flags;
+  p.network_flags = l.flag_tables(s).network;
   launch_network_send_check(p, blocks, stream);
   HYBRID_EP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }

@@ -44,12 +44,11 @@ __global__ void allgather_kernel(AllgatherParams p) {
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const size_t mine = p.barrier_flags + sizeof(uint64_t) * peer;
+    const size_t mine = p.barrier_flags.slot(peer);
     const uint64_t exchange = *d.expected_for(mine) + 1;
     *reinterpret_cast<uint64_t*>(
         d.peer(peer) + stamp_slot(p.barrier_stamps, d.ranks, exchange, d.local_rank)) = d.stamp;
-    signal_flag(reinterpret_cast<uint64_t*>(d.peer(peer) + p.barrier_flags +
-                                            sizeof(uint64_t) * d.local_rank));
+    signal_flag(reinterpret_cast<uint64_t*>(d.peer(peer) + p.barrier_flags.slot(d.local_rank)));
     if (wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine), d,
                   WaitSite::kAllgather, peer, 0)) {
       const uint64_t theirs = *reinterpret_cast<const volatile uint64_t*>(
@@ -81,9 +80,8 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
   // each peer; the stamp also into the barrier's slot, as the barrier's network signal carries.
   for (int k = warp; k < d.nodes - 1; k += warps) {
     const int n = other_domain(k, d.node_rank);
-    const size_t slot =
-        stamp_slot(p.net_barrier_stamps, d.nodes,
-                   *d.expected_for(p.net_barrier_flags + sizeof(uint64_t) * n) + 1, d.node_rank);
+    const size_t slot = stamp_slot(p.net_barrier_stamps, d.nodes,
+                                   *d.expected_for(p.net_barrier_flags.slot(n)) + 1, d.node_rank);
     if (lane == 0) *reinterpret_cast<uint64_t*>(self + slot) = stamp_for_network(d);
     __threadfence_system();
     __syncwarp();
@@ -94,15 +92,14 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
     TransportDevice::put(p.transport, 0, n, p.call_stamps + sizeof(uint64_t) * me,
                          self + p.call_stamps + sizeof(uint64_t) * me, sizeof(uint64_t), lane);
     TransportDevice::put(p.transport, 0, n, slot, self + slot, sizeof(uint64_t), lane);
-    TransportDevice::signal(p.transport, 0, n, p.net_barrier_flags + sizeof(uint64_t) * d.node_rank,
-                            1, lane);
+    TransportDevice::signal(p.transport, 0, n, p.net_barrier_flags.slot(d.node_rank), 1, lane);
   }
   if (warp < d.nodes - 1) TransportDevice::flush(p.transport, 0, lane);
   __syncthreads();  // every warp read the counters before the waits below advance them
   // 2. The peers' maps are here.
   if (int(threadIdx.x) < d.nodes && int(threadIdx.x) != d.node_rank) {
     const int n = threadIdx.x;
-    const size_t mine = p.net_barrier_flags + sizeof(uint64_t) * n;
+    const size_t mine = p.net_barrier_flags.slot(n);
     const uint64_t exchange = *d.expected_for(mine) + 1;
     if (wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d,
                   WaitSite::kNetworkAllgather, n, 0)) {
@@ -135,9 +132,8 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
   // 4. Every local rank forwarded its peers' maps here.
   const int j = threadIdx.x;
   if (j < d.ranks && j != d.local_rank) {
-    signal_flag(
-        reinterpret_cast<uint64_t*>(d.peer(j) + p.forward_flags + sizeof(uint64_t) * d.local_rank));
-    const size_t mine = p.forward_flags + sizeof(uint64_t) * j;
+    signal_flag(reinterpret_cast<uint64_t*>(d.peer(j) + p.forward_flags.slot(d.local_rank)));
+    const size_t mine = p.forward_flags.slot(j);
     wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d,
               WaitSite::kForward, j, 0);
   }

@@ -21,13 +21,13 @@ namespace {
 __device__ void local_barrier(const BarrierParams& p, int peer) {
   const DomainView& d = p.domain;
   if (peer >= d.ranks) return;
-  const size_t mine = p.barrier_flags + sizeof(uint64_t) * peer;
+  const size_t mine = p.barrier_flags.slot(peer);
   // This barrier's count with `peer`, the same on both sides: it picks the stamp slot.
   const uint64_t count = *d.expected_for(mine) + 1;
   uint8_t* to = d.peer(peer);
   *reinterpret_cast<uint64_t*>(to + stamp_slot(p.barrier_stamps, d.ranks, count, d.local_rank)) =
       d.stamp;
-  signal_flag(reinterpret_cast<uint64_t*>(to + p.barrier_flags + sizeof(uint64_t) * d.local_rank));
+  signal_flag(reinterpret_cast<uint64_t*>(to + p.barrier_flags.slot(d.local_rank)));
   if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + mine), d.expected_for(mine), d,
                  WaitSite::kBarrier, peer, 0)) {
     return;
@@ -45,21 +45,19 @@ __device__ void network_barrier(const BarrierParams& p, int lane) {
   uint8_t* self = d.self();
   for (int n = 0; n < d.nodes; ++n) {
     if (n == d.node_rank) continue;
-    const size_t flag = p.net_barrier_flags + sizeof(uint64_t) * n;
-    const size_t slot =
-        stamp_slot(p.net_barrier_stamps, d.nodes, *d.expected_for(flag) + 1, d.node_rank);
+    const size_t slot = stamp_slot(p.net_barrier_stamps, d.nodes,
+                                   *d.expected_for(p.net_barrier_flags.slot(n)) + 1, d.node_rank);
     // The put's source is this rank's own slot (registered, as RDMA puts need).
     if (lane == 0) *reinterpret_cast<uint64_t*>(self + slot) = stamp_for_network(d);
     __threadfence_system();
     __syncwarp();
     TransportDevice::put(p.transport, 0, n, slot, self + slot, sizeof(uint64_t), lane);
-    TransportDevice::signal(p.transport, 0, n, p.net_barrier_flags + sizeof(uint64_t) * d.node_rank,
-                            1, lane);
+    TransportDevice::signal(p.transport, 0, n, p.net_barrier_flags.slot(d.node_rank), 1, lane);
   }
   TransportDevice::flush(p.transport, 0, lane);
   for (int n = lane; n < d.nodes; n += 32) {
     if (n == d.node_rank) continue;
-    const size_t mine = p.net_barrier_flags + sizeof(uint64_t) * n;
+    const size_t mine = p.net_barrier_flags.slot(n);
     const uint64_t count = *d.expected_for(mine) + 1;
     if (!wait_flag(reinterpret_cast<const uint64_t*>(self + mine), d.expected_for(mine), d,
                    WaitSite::kNetworkBarrier, n, 0)) {

@@ -29,14 +29,17 @@
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
+#include "hybrid_ep/kernels/common/smem_plan.h"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {
 
-// The roles, the ring and its passes (combine_ring.cuh); the walk (combine_across.cuh).
+// The roles, the shared-memory plan and the passes (combine_ring.cuh); the walk
+// (combine_across.cuh).
 using namespace combine;
 
 // The loader's copies of the tokens [first, last) whose routes are staged in `routes`: one
@@ -46,9 +49,10 @@ using namespace combine;
 // at two ranks x 8 SMs (ncu: the reduce warps waited on the issue counter while the loader
 // seldom waited for a free stage); one chain per token took it from 233 to 208 us
 // (benchmarks/results/2026-12-01-combine-loader.md).
-__device__ __forceinline__ void issue_copies(const Ring& ring, const PassShape& shape,
+__device__ __forceinline__ void issue_copies(const Smem& s, const PassShape& shape,
                                              const ChunkRoutes& routes, int first, int last,
                                              LoaderCursor& cur, int lane) {
+  const Ring& ring = s.ring;
   const uint32_t lanes_before = (1u << lane) - 1;
   for (int t = first; t < last; ++t) {
     const int32_t* rows = routes.token(t - first);
@@ -58,20 +62,19 @@ __device__ __forceinline__ void issue_copies(const Ring& ring, const PassShape& 
         const int32_t row = j < shape.width ? rows[j] : -1;
         const uint32_t present = __ballot_sync(~0u, row >= 0);
         if (row >= 0) {
-          RingPos mine = cur.at;  // copies <= width <= stages: at most one wrap
-          mine.advance(__popc(present & lanes_before), ring.stages);
-          ptx::mbar_wait(&ring.empty[mine.stage], mine.phase ^ 1);
-          ptx::mbar_arrive_expect_tx(&ring.full[mine.stage], shape.piece_bytes);
-          ptx::bulk_load(
-              ring.row(mine.stage),
-              shape.sources[j] + row * shape.row_bytes() + int64_t(piece) * shape.piece_bytes,
-              shape.piece_bytes, &ring.full[mine.stage]);
+          // copies <= width <= stages: at most one wrap
+          const RingPos mine = cur.at.plus(__popc(present & lanes_before), ring.stages);
+          ring.acquire(mine);
+          ring.expect(mine.stage, shape.piece_bytes);
+          ring.load(mine.stage, 0,
+                    shape.sources[j] + row * shape.row_bytes() + int64_t(piece) * shape.piece_bytes,
+                    shape.piece_bytes);
         }
         const int copies = __popc(present);
         cur.item += copies;
         cur.at.advance(copies, ring.stages);
         __syncwarp();  // every lane has issued its load
-        if (lane == 0) *static_cast<volatile uint32_t*>(ring.issued) = cur.item;
+        if (lane == 0) *static_cast<volatile uint32_t*>(s.issued) = cur.item;
       }
     }
   }
@@ -79,10 +82,10 @@ __device__ __forceinline__ void issue_copies(const Ring& ring, const PassShape& 
 
 // Loader warp, first pass: stages each chunk's routes (the next chunk's are loaded into
 // registers meanwhile) and issues its copies.
-__device__ void load_copies(const CombineParams& p, const Ring& ring, const ChunkWalk& walk,
+__device__ void load_copies(const CombineParams& p, const Smem& s, const ChunkWalk& walk,
                             LoaderCursor& cur, int lane) {
-  const PassShape shape = pass_shape(p, ring, Pass::kReduce);
-  const ChunkRoutes routes{ring.loader_rows, shape.width};
+  const PassShape shape = pass_shape(p, s, Pass::kReduce);
+  const ChunkRoutes routes{s.loader_rows, shape.width};
   const auto fetch = [&](HeldRoutes& held, int k) {
     if (k >= walk.items) return held.clear();
     const ChunkItem it = walk.at(p, k);
@@ -99,25 +102,25 @@ __device__ void load_copies(const CombineParams& p, const Ring& ring, const Chun
     // abort word makes the call report instead of returning what it read.
     if (p.unpermute_blocks > 0 && lane == 0) wait_unpermuted(p, chunk.first, chunk.last);
     __syncwarp();
-    issue_copies(ring, shape, routes, chunk.first, chunk.last, cur, lane);
+    issue_copies(s, shape, routes, chunk.first, chunk.last, cur, lane);
   }
 }
 
 // Loader warp, final pass (several domains): per own chunk, once this block's partials of it
 // are written and every other domain's have arrived, the partials of each token.
-__device__ void load_partials(const CombineParams& p, const Ring& ring, const ChunkWalk& walk,
+__device__ void load_partials(const CombineParams& p, const Smem& s, const ChunkWalk& walk,
                               LoaderCursor& cur, int lane) {
-  const PassShape shape = pass_shape(p, ring, Pass::kFinal);
-  const ChunkRoutes routes{ring.loader_rows, shape.width};
+  const PassShape shape = pass_shape(p, s, Pass::kFinal);
+  const ChunkRoutes routes{s.loader_rows, shape.width};
   for (int k = 0; k < walk.per_domain; ++k) {
     const combine::OwnChunk own = combine::own_chunk(p, k);
     if (lane == 0) {
-      combine::wait_partials(p, ring.reduced, kReduceWarps * (walk.sent(p) + k + 1), own.c);
+      combine::wait_partials(p, s.reduced, kReduceWarps * (walk.sent(p) + k + 1), own.c);
     }
     __syncwarp();  // every lane is done with the previous chunk's routes
     combine::stage_partial_routes(p, routes, own.first, own.last, lane, 32);
     __syncwarp();
-    issue_copies(ring, shape, routes, own.first, own.last, cur, lane);
+    issue_copies(s, shape, routes, own.first, own.last, cur, lane);
   }
 }
 
@@ -165,17 +168,13 @@ __device__ __forceinline__ void write_probs(const CombineParams& p, const int32_
   }
 }
 
-// Hands stages first + [from, to) of the ring back to the loader.
-__device__ __forceinline__ void release_stages(const Ring& ring, int first, int from, int to) {
-  for (int k = from; k < to; ++k) {
-    const int s = first + k;
-    ptx::mbar_arrive(&ring.empty[s < ring.stages ? s : s - ring.stages]);
-  }
+// Hands the `count` stages from `first` on back to the loader.
+__device__ __forceinline__ void release_stages(const Ring& ring, RingPos first, int count) {
+  for (int k = 0; k < count; ++k) ring.release(first.plus(k, ring.stages).stage);
 }
 
-// Warp 0 of the reduce warps: ring.starts of the chunk's `tokens` staged routes.
-__device__ void count_chunk_copies(const Ring& ring, const ChunkRoutes& routes, int tokens,
-                                   int lane) {
+// Warp 0 of the reduce warps: s.starts of the chunk's `tokens` staged routes.
+__device__ void count_chunk_copies(const Smem& s, const ChunkRoutes& routes, int tokens, int lane) {
   using WarpScan = cub::WarpScan<int>;
   __shared__ typename WarpScan::TempStorage scan;  // empty: the warp scan runs on shuffles
   int before = 0;
@@ -183,22 +182,22 @@ __device__ void count_chunk_copies(const Ring& ring, const ChunkRoutes& routes, 
     const int k = base + lane;
     int start, all;
     WarpScan(scan).ExclusiveSum(k < tokens ? routes.copies(k) : 0, start, all);
-    if (k < tokens) ring.starts[k] = before + start;
+    if (k < tokens) s.starts[k] = before + start;
     before += all;
   }
-  if (lane == 0) ring.starts[tokens] = before;
+  if (lane == 0) s.starts[tokens] = before;
 }
 
 constexpr int kReduceThreads = 32 * kReduceWarps;
 
 // Reduce warp `warp`'s units of one chunk, tokens [first, last) whose routes are staged in
-// `routes` (and counted into ring.starts): warp w owns pieces w, w + kReduceWarps, ... (token-
+// `routes` (and counted into s.starts): warp w owns pieces w, w + kReduceWarps, ... (token-
 // major) and reduces them on its own, so no warp ever waits for another one except once per
 // chunk, before the shared routes are replaced. A warp visits only its own pieces: walking
 // every token to keep its ring position was a sixth of the kernel's instructions and a quarter
 // of its stall samples at 2 ranks (ncu). `target` (several domains, first pass): where the
 // partials go.
-__device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Ring& ring, Pass pass,
+__device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem& s, Pass pass,
                                              const PassShape& shape, const ChunkRoutes& routes,
                                              int first, int last,
                                              const combine::PartialTarget& target,
@@ -209,16 +208,16 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Ring&
   const bool partial = p.partial && pass == Pass::kReduce;
   const size_t wire_bytes = p.across.bf16_wire ? 2 : 4;
   const bool with_probs = (partial ? p.across.partial_probs : p.out_probs) != nullptr;
-  const uint32_t in_chunk = uint32_t(ring.starts[last - first]) * shape.pieces;
+  const Ring& ring = s.ring;
+  const uint32_t in_chunk = uint32_t(s.starts[last - first]) * shape.pieces;
   // The loader's order: token by token, each token's pieces, each piece's copies.
   for (int unit = warp; unit < (last - first) * shape.pieces; unit += kReduceWarps) {
     const int at = shape.pieces == 1 ? unit : unit / shape.pieces;  // the token in the chunk
     const int piece = unit - at * shape.pieces;
     const int t = first + at;
-    const int copies = ring.starts[at + 1] - ring.starts[at];
+    const int copies = s.starts[at + 1] - s.starts[at];
     // Ring position of the piece's first copy.
-    const uint32_t item =
-        cur.chunk_item + uint32_t(ring.starts[at]) * shape.pieces + piece * copies;
+    const uint32_t item = cur.chunk_item + uint32_t(s.starts[at]) * shape.pieces + piece * copies;
     // Several domains: a token no rank here received has no partial (the final pass knows from
     // the maps), so nothing is written for it; most of the other domains' forwarded tokens are
     // such.
@@ -233,16 +232,14 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Ring&
     float early_prob = rank_probs && !fused ? load_prob(p, lane_prob, rows) : 0.f;
     cur.pos.advance_far(item - cur.pos_item, ring.stages);
     cur.pos_item = item;
-    const CopyStages st{ring.rows, ring.stride, ring.stages, cur.pos.stage};
-    const uint32_t parity = cur.pos.phase;
+    const RingPos first_copy = cur.pos;
+    const CopyStages st{ring.base, ring.stride, ring.stages, first_copy.stage};
     if (copies > 0) {
       // Back off while waiting, so waiting warps leave the shared-memory pipe to others.
-      while (*static_cast<volatile uint32_t*>(ring.issued) < item + copies) __nanosleep(32);
+      while (*static_cast<volatile uint32_t*>(s.issued) < item + copies) __nanosleep(32);
     }
     for (int k = 0; k < copies; ++k) {  // copies <= width < stages: at most one wrap
-      const int s = st.first + k;
-      ptx::mbar_wait(&ring.full[s < ring.stages ? s : s - ring.stages],
-                     s < ring.stages ? parity : parity ^ 1);
+      ring.wait(first_copy.plus(k, ring.stages));
     }
     if (rank_probs && fused) early_prob = load_prob(p, lane_prob, rows);
     const int64_t out_at = int64_t(t) * p.hidden + int64_t(piece) * piece_cols;
@@ -271,7 +268,7 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Ring&
       }
     }
     __syncwarp();  // every lane is done reading the stages
-    if (lane == 0) release_stages(ring, st.first, 0, by_tma ? 0 : copies);
+    if (lane == 0) release_stages(ring, first_copy, by_tma ? 0 : copies);
     if (probs_here) {
       if (pass == Pass::kFinal) {
         combine::write_final_probs(p, t, lane, 32);
@@ -284,7 +281,7 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Ring&
     }
     if (lane == 0 && by_tma) {
       ptx::bulk_wait_read<0>();  // the bulk store has read the stage
-      release_stages(ring, st.first, 0, 1);
+      ring.release(first_copy.stage);
     }
   }
   cur.chunk_item += in_chunk;
@@ -292,10 +289,10 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Ring&
 
 // Reduce warps, first pass: every chunk of the walk. With several domains each warp counts each
 // chunk done once its partials are written (for the network warps and the final pass).
-__device__ void reduce_copies(const CombineParams& p, const Ring& ring, const ChunkWalk& walk,
+__device__ void reduce_copies(const CombineParams& p, const Smem& s, const ChunkWalk& walk,
                               ReduceCursor& cur, int warp, int lane) {
-  const PassShape shape = pass_shape(p, ring, Pass::kReduce);
-  const ChunkRoutes routes{ring.reduce_rows, shape.width};
+  const PassShape shape = pass_shape(p, s, Pass::kReduce);
+  const ChunkRoutes routes{s.reduce_rows, shape.width};
   // This lane's column of the probs row, found once: per token, the division and the peer
   // table's global load sat in the chain every warp ran before waiting for its copies (ncu).
   const ProbSource lane_prob = prob_source(p, lane, probs_row(p));
@@ -313,12 +310,12 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, const Ch
     next.put(routes, thread, kReduceThreads);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
     fetch(next, k + 1);
-    if (warp == 0) count_chunk_copies(ring, routes, chunk.last - chunk.first, lane);
+    if (warp == 0) count_chunk_copies(s, routes, chunk.last - chunk.first, lane);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
     // Several domains: where this chunk's partials go (a mapped peer's tile, or here).
     const combine::PartialTarget target =
         p.partial ? combine::partial_target(p, chunk) : combine::PartialTarget{};
-    reduce_chunk(p, ring, Pass::kReduce, shape, routes, chunk.first, chunk.last, target, lane_prob,
+    reduce_chunk(p, s, Pass::kReduce, shape, routes, chunk.first, chunk.last, target, lane_prob,
                  cur, warp, lane);
     if (p.partial) {
       // This warp's partials of the chunk are written (maybe into a peer, in another process,
@@ -327,27 +324,27 @@ __device__ void reduce_copies(const CombineParams& p, const Ring& ring, const Ch
       ptx::fence_proxy_async_global();
       __threadfence_system();
       __syncwarp();
-      if (lane == 0) atomicAdd(ring.reduced, 1u);
+      if (lane == 0) atomicAdd(s.reduced, 1u);
     }
   }
 }
 
 // Reduce warps, final pass (several domains): this rank's own chunks, each token's partials of
 // the domains it went to added in ascending domain order into the BF16 output.
-__device__ void reduce_partials(const CombineParams& p, const Ring& ring, const ChunkWalk& walk,
+__device__ void reduce_partials(const CombineParams& p, const Smem& s, const ChunkWalk& walk,
                                 ReduceCursor& cur, int warp, int lane) {
-  const PassShape shape = pass_shape(p, ring, Pass::kFinal);
-  const ChunkRoutes routes{ring.reduce_rows, shape.width};
+  const PassShape shape = pass_shape(p, s, Pass::kFinal);
+  const ChunkRoutes routes{s.reduce_rows, shape.width};
   const int thread = warp * 32 + lane;
   for (int k = 0; k < walk.per_domain; ++k) {
     const combine::OwnChunk own = combine::own_chunk(p, k);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
     combine::stage_partial_routes(p, routes, own.first, own.last, thread, kReduceThreads);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
-    if (warp == 0) count_chunk_copies(ring, routes, own.last - own.first, lane);
+    if (warp == 0) count_chunk_copies(s, routes, own.last - own.first, lane);
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
-    reduce_chunk(p, ring, Pass::kFinal, shape, routes, own.first, own.last,
-                 combine::PartialTarget{}, ProbSource{}, cur, warp, lane);
+    reduce_chunk(p, s, Pass::kFinal, shape, routes, own.first, own.last, combine::PartialTarget{},
+                 ProbSource{}, cur, warp, lane);
   }
 }
 
@@ -355,24 +352,20 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   // After a failed wait (e.g. the barrier before this kernel) peers' rows are not staged.
   if (p.domain.aborted()) return;
   extern __shared__ __align__(128) uint8_t smem[];
-  const Ring ring = carve_ring(smem, p);
+  const Smem s = carve(smem, p);
   const int warp = threadIdx.x / 32;
   for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) {
-    ring.sources[j] = staged_rows(p, j);
+    s.sources[j] = staged_rows(p, j);
   }
   if (p.partial) {
     for (int n = threadIdx.x; n < p.domain.nodes; n += blockDim.x) {
-      ring.partial_sources[n] = combine::partial_source(p, n);
+      s.partial_sources[n] = combine::partial_source(p, n);
     }
   }
   if (threadIdx.x == 0) {
-    for (int s = 0; s < ring.stages; ++s) {
-      ptx::mbar_init(&ring.full[s], 1);
-      ptx::mbar_init(&ring.empty[s], 1);
-    }
-    *ring.issued = 0;
-    *ring.reduced = 0;
-    ptx::fence_barrier_init();
+    *s.issued = 0;
+    *s.reduced = 0;
+    s.ring.init();
   }
   __syncthreads();
   // Fused, a block may unpermute its share first, then combine (inside one domain, every block
@@ -387,23 +380,22 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   switch (role_of(warp)) {
     case Role::kLoader: {
       LoaderCursor cur;
-      load_copies(p, ring, walk, cur, lane);
-      if (p.partial) load_partials(p, ring, walk, cur, lane);
+      load_copies(p, s, walk, cur, lane);
+      if (p.partial) load_partials(p, s, walk, cur, lane);
       break;
     }
     case Role::kReduce: {
       ReduceCursor cur;
-      reduce_copies(p, ring, walk, cur, reduce_warp_index(warp), lane);
-      if (p.partial) reduce_partials(p, ring, walk, cur, reduce_warp_index(warp), lane);
+      reduce_copies(p, s, walk, cur, reduce_warp_index(warp), lane);
+      if (p.partial) reduce_partials(p, s, walk, cur, reduce_warp_index(warp), lane);
       if (lane == 0) ptx::bulk_wait<0>();  // the warp's bulk stores are done before the end
       break;
     }
     case Role::kNetwork:
       if (p.partial) {
         const int w = network_warp_index(warp);
-        combine::send_reduced_chunks(p, walk, ring.reduced, kReduceWarps,
-                                     ring.runs + w * SmemPlan::run_count(p.chunk), w, kNetworkWarps,
-                                     lane);
+        combine::send_reduced_chunks(p, walk, s.reduced, kReduceWarps,
+                                     s.runs + w * run_count(p.chunk), w, kNetworkWarps, lane);
       }
       break;
   }
@@ -413,9 +405,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
 // unit flag without moving it (several blocks wait for one unit).
 __global__ void advance_unpermute_expected(CombineParams p) {
   const DomainView& d = p.domain;
-  const int flags = d.ranks * d.nodes * p.unpermute.max_chunks * p.unpermute.slices;
+  const int flags = int(p.unpermute.flags.count());
   for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < flags; k += gridDim.x * blockDim.x) {
-    ++*d.expected_for(p.unpermute.flags + sizeof(uint64_t) * k);
+    ++*d.expected_for(p.unpermute.flags.nth(k));
   }
 }
 
@@ -423,11 +415,11 @@ __global__ void advance_unpermute_expected(CombineParams p) {
 
 // The ring's shared memory per stage and the rest, from the plan the kernel carves with.
 size_t combine_stage_bytes(const CombineParams& p) {
-  return stage_stride(p) + 2 * sizeof(uint64_t);
+  return SmemPlan::stage_bytes(stage_stride(p));
 }
 
 size_t combine_reserved_smem(int chunk, int ranks, int nodes) {
-  return SmemPlan::make(0, 0, ranks, nodes, chunk).reserved();
+  return SmemParts::make(0, 0, ranks, nodes, chunk).plan.reserved();
 }
 
 int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk) {
@@ -435,7 +427,7 @@ int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk) {
 }
 
 void launch_combine(const CombineParams& p, cudaStream_t stream) {
-  const size_t smem = smem_plan(p).bytes;
+  const size_t smem = SmemParts::of(p).plan.bytes();
   allow_dynamic_smem(reinterpret_cast<const void*>(combine_kernel), smem);
   // Without unpermute blocks this is combine_blocks.
   const int grid = std::max(p.combine_blocks, p.first_unpermute_block + p.unpermute_blocks);

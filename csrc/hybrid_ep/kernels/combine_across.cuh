@@ -105,10 +105,8 @@ __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, cons
         {self + a.partial_probs_at + from * prob_bytes, a.net_partial_probs + tile * prob_bytes,
          a.partial_probs != nullptr ? int(prob_bytes) : 0},
         {nullptr, 0, 0}};
-    const size_t flag =
-        a.combine_flags + sizeof(uint64_t) * (size_t(d.node_rank) * a.max_chunks + size_t(it.c));
     send_chunk(a.transport, channel, it.node, selected, it.first - int(from), it.last - int(from),
-               tensors, flag, runs, lane, stored);
+               tensors, a.combine_flags.slot(d.node_rank, it.c), runs, lane, stored);
   }
   TransportDevice::flush(a.transport, channel, lane);  // the partials are rewritten next call
 }
@@ -173,7 +171,7 @@ __device__ __forceinline__ void wait_partials(const CombineParams& p, const uint
   while (*static_cast<const volatile uint32_t*>(reduced) < done && !d.aborted()) __nanosleep(64);
   for (int k = 0; k < d.nodes - 1; ++k) {
     const int n = other_domain(k, d.node_rank);
-    const size_t slot = a.combine_flags + sizeof(uint64_t) * (size_t(n) * a.max_chunks + c);
+    const size_t slot = a.combine_flags.slot(n, c);
     wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
               WaitSite::kNetworkCombine, n, c);
   }

@@ -1,11 +1,13 @@
-// The combine kernel's shape (combine.cu): its warp roles, the shared-memory ring of staged
-// pieces and the plan that carves the block's shared memory, and the two passes the loader and
-// the reduce warps make over that ring.
+// The combine kernel's shape (combine.cu): its warp roles, the plan of the block's shared memory
+// (the ring of staged pieces and the roles' state), and the two passes the loader and the
+// reduce warps make over that ring.
 #pragma once
 
 #include <cstdint>
 
+#include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
+#include "hybrid_ep/kernels/common/smem_plan.h"
 #include "hybrid_ep/kernels/network_send.cuh"
 #include "hybrid_ep/kernels/params.h"
 
@@ -60,20 +62,46 @@ __host__ __device__ inline int stage_stride(const CombineParams& p) {
   return align_up(max(piece_bytes(p), final_piece_bytes(p)), 128);
 }
 
-struct Ring {
-  uint8_t* rows;
+__host__ __device__ constexpr int run_count(int chunk) { return (chunk + 1) / 2; }
+
+// The block's shared memory, one plan for the carve and the size: the ring, then the sources,
+// both roles' routes, the copy counts, the counters and (several domains: `network`) the
+// partial sources and the network warps' runs.
+struct SmemParts {
+  SmemPlan plan;
+  size_t sources = 0, partial_sources = 0, routes = 0, starts = 0, issued = 0, reduced = 0,
+         runs = 0;
+
+  __host__ __device__ static SmemParts make(int stride, int stages, int ranks, int nodes,
+                                            int chunk) {
+    const bool network = nodes > 1;
+    const int width = network ? max(ranks, nodes) : ranks;
+    SmemParts m{SmemPlan(stride, stages)};
+    m.sources = m.plan.place<const uint8_t*>(ranks);
+    m.partial_sources = m.plan.place<const uint8_t*>(network ? nodes : 0);
+    m.routes = m.plan.place<int32_t>(2 * size_t(chunk) * width);
+    m.starts = m.plan.place<int32_t>(size_t(chunk) + 1);
+    m.issued = m.plan.place<uint32_t>(1);
+    m.reduced = m.plan.place<uint32_t>(1);
+    m.runs = m.plan.place<TokenRun>(network ? size_t(run_count(chunk)) * kNetworkWarps : 0,
+                                    sizeof(TokenRun));  // aligned to a run's 8 bytes
+    return m;
+  }
+  __host__ __device__ static SmemParts of(const CombineParams& p) {
+    return make(stage_stride(p), p.stages, p.domain.ranks, p.partial ? p.domain.nodes : 1, p.chunk);
+  }
+};
+
+struct Smem {
+  Ring ring;
   // [ranks]: where each local rank's staged combine rows start (staged_rows). Read from the
   // peer table in global memory instead, the loader lane's chain waited on that load for every
   // copy it issued, and the reduce warps waited for the loader (ncu, 2 ranks).
   const uint8_t** sources;
   // [nodes] with several domains: where each domain's partials of this rank's tokens are.
   const uint8_t** partial_sources;
-  uint64_t* full;
-  uint64_t* empty;
   int32_t* loader_rows;  // the roles' staged routes, [chunk, ring_width] each
   int32_t* reduce_rows;
-  int stages;
-  int stride;
   // Items the loader has issued. Reduce warps run ahead of each other, so one may want an item
   // more than a ring round ahead of the loader, where a parity wait on its stage would see the
   // previous round complete; waiting for the issue first makes the parity unambiguous.
@@ -85,63 +113,21 @@ struct Ring {
   // the network warps and the final pass wait on; and the network warps' run scratch.
   uint32_t* reduced;
   TokenRun* runs;
-  __device__ uint8_t* row(int stage) const { return rows + size_t(stage) * stride; }
 };
 
-// The block's shared memory, one plan for the carve and the size: the ring's stages and
-// barriers, then the sources, both roles' routes, the copy counts, the counters and (several
-// domains: `network`) the partial sources and the network warps' runs.
-struct SmemPlan {
-  int stride, stages, ranks, nodes, chunk;
-  // Offsets of each part in the block's shared memory, and its size.
-  size_t full = 0, empty = 0, sources = 0, partial_sources = 0, routes = 0, starts = 0, issued = 0,
-         reduced = 0, runs = 0, bytes = 0;
-
-  __host__ __device__ static int run_count(int chunk) { return (chunk + 1) / 2; }
-
-  __host__ __device__ static SmemPlan make(int stride, int stages, int ranks, int nodes,
-                                           int chunk) {
-    const bool network = nodes > 1;
-    const int width = network ? max(ranks, nodes) : ranks;
-    SmemPlan m{stride, stages, ranks, nodes, chunk};
-    m.full = size_t(stride) * stages;
-    m.empty = m.full + sizeof(uint64_t) * stages;
-    m.sources = m.empty + sizeof(uint64_t) * stages;
-    m.partial_sources = m.sources + sizeof(uint8_t*) * ranks;
-    m.routes = m.partial_sources + (network ? sizeof(uint8_t*) * nodes : 0);
-    m.starts = m.routes + 2 * sizeof(int32_t) * size_t(chunk) * width;
-    m.issued = m.starts + sizeof(int32_t) * size_t(chunk + 1);
-    m.reduced = m.issued + sizeof(uint32_t);
-    m.runs = (m.reduced + sizeof(uint32_t) + 7) / 8 * 8;
-    m.bytes = m.runs + (network ? sizeof(TokenRun) * size_t(run_count(chunk)) * kNetworkWarps : 0);
-    return m;
-  }
-  // Everything but the stages and their barriers.
-  __host__ __device__ size_t reserved() const { return bytes - sources; }
-};
-
-__host__ __device__ inline SmemPlan smem_plan(const CombineParams& p) {
-  return SmemPlan::make(stage_stride(p), p.stages, p.domain.ranks, p.partial ? p.domain.nodes : 1,
-                        p.chunk);
-}
-
-__device__ __forceinline__ Ring carve_ring(uint8_t* smem, const CombineParams& p) {
-  const SmemPlan m = smem_plan(p);
-  Ring ring;
-  ring.stages = p.stages;
-  ring.stride = m.stride;
-  ring.rows = smem;
-  ring.full = reinterpret_cast<uint64_t*>(smem + m.full);
-  ring.empty = reinterpret_cast<uint64_t*>(smem + m.empty);
-  ring.sources = reinterpret_cast<const uint8_t**>(smem + m.sources);
-  ring.partial_sources = reinterpret_cast<const uint8_t**>(smem + m.partial_sources);
-  ring.loader_rows = reinterpret_cast<int32_t*>(smem + m.routes);
-  ring.reduce_rows = ring.loader_rows + p.chunk * ring_width(p);
-  ring.starts = reinterpret_cast<int32_t*>(smem + m.starts);
-  ring.issued = reinterpret_cast<uint32_t*>(smem + m.issued);
-  ring.reduced = reinterpret_cast<uint32_t*>(smem + m.reduced);
-  ring.runs = reinterpret_cast<TokenRun*>(smem + m.runs);
-  return ring;
+__device__ __forceinline__ Smem carve(uint8_t* smem, const CombineParams& p) {
+  const SmemParts m = SmemParts::of(p);
+  Smem s;
+  s.ring = Ring::carve(smem, m.plan);
+  s.sources = reinterpret_cast<const uint8_t**>(smem + m.sources);
+  s.partial_sources = reinterpret_cast<const uint8_t**>(smem + m.partial_sources);
+  s.loader_rows = reinterpret_cast<int32_t*>(smem + m.routes);
+  s.reduce_rows = s.loader_rows + p.chunk * ring_width(p);
+  s.starts = reinterpret_cast<int32_t*>(smem + m.starts);
+  s.issued = reinterpret_cast<uint32_t*>(smem + m.issued);
+  s.reduced = reinterpret_cast<uint32_t*>(smem + m.reduced);
+  s.runs = reinterpret_cast<TokenRun*>(smem + m.runs);
+  return s;
 }
 
 // Where local rank j's staged rows and probs are: its registered combine region, or inside one
@@ -172,13 +158,11 @@ struct PassShape {
   __device__ int64_t row_bytes() const { return int64_t(piece_bytes) * pieces; }
 };
 
-__device__ __forceinline__ PassShape pass_shape(const CombineParams& p, const Ring& ring,
-                                                Pass pass) {
+__device__ __forceinline__ PassShape pass_shape(const CombineParams& p, const Smem& s, Pass pass) {
   if (pass == Pass::kReduce) {
-    return {p.domain.ranks, p.pieces, piece_bytes(p), p.fp32_input, ring.sources};
+    return {p.domain.ranks, p.pieces, piece_bytes(p), p.fp32_input, s.sources};
   }
-  return {p.domain.nodes, p.pieces, final_piece_bytes(p), !p.across.bf16_wire,
-          ring.partial_sources};
+  return {p.domain.nodes, p.pieces, final_piece_bytes(p), !p.across.bf16_wire, s.partial_sources};
 }
 
 // The ring positions a role carries from chunk to chunk and from the first pass to the second.

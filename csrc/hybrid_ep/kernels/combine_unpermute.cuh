@@ -19,37 +19,29 @@
 
 namespace hybrid_ep {
 
-// Flag of slice s of unit (producer j, domain n, chunk c), in the buffer of the rank that
-// pulls it.
-__device__ __forceinline__ size_t unpermute_flag(const CombineParams& p, int j, int n, int c,
-                                                 int s) {
-  const FusedUnpermuteParams& u = p.unpermute;
-  const size_t unit = (size_t(j) * p.domain.nodes + n) * u.max_chunks + size_t(c);
-  return u.flags + sizeof(uint64_t) * (unit * u.slices + s);
-}
-
 // Every thread of a block of the unpermute role.
 inline __device__ void unpermute_units(const CombineParams& p, int block) {
   const FusedUnpermuteParams& u = p.unpermute;
   const DomainView& d = p.domain;
   const int warp = threadIdx.x / 32;
   const int warps = blockDim.x / 32;
-  const int items = d.nodes * u.max_chunks * d.ranks * u.slices;
-  const int slice_rows = (u.dispatch_chunk + u.slices - 1) / u.slices;
+  const int slices = u.flags.slices;
+  const int items = d.nodes * u.max_chunks * d.ranks * slices;
+  const int slice_rows = (u.dispatch_chunk + slices - 1) / slices;
   for (int q = block; q < items; q += p.unpermute_blocks) {
-    const int s = q % u.slices;
-    const int l = (q / u.slices) % d.ranks;
-    const int c = (q / (u.slices * d.ranks)) % u.max_chunks;
-    const int n = q / (u.slices * d.ranks * u.max_chunks);
+    const int s = q % slices;
+    const int l = (q / slices) % d.ranks;
+    const int c = (q / (slices * d.ranks)) % u.max_chunks;
+    const int n = q / (slices * d.ranks * u.max_chunks);
     const int64_t at = int64_t(n * d.ranks + l) * u.max_chunks + c;
     const int end = u.chunk_layout[at + 1];
     const int first = min(u.chunk_layout[at] + s * slice_rows, end);
     const int last = min(first + slice_rows, end);
     for (int i = first + warp; i < last; i += warps) unpermute_row(u.rows, i, threadIdx.x % 32);
     __syncthreads();  // the slice's rows are written
+    // In the buffer of the rank that pulls the slice.
     if (threadIdx.x == 0) {
-      const size_t flag = unpermute_flag(p, d.local_rank, n, c, s);
-      signal_flag(reinterpret_cast<uint64_t*>(d.peer(l) + flag));
+      signal_flag(reinterpret_cast<uint64_t*>(d.peer(l) + u.flags.slot(d.local_rank, n, c, s)));
     }
   }
 }
@@ -66,9 +58,9 @@ inline __device__ bool wait_unpermuted(const CombineParams& p, int first, int la
   for (int v = from; v <= to && ok; ++v) {
     const int n = v / u.max_chunks;
     const int c = v % u.max_chunks;
-    for (int k = 0; k < d.ranks * u.slices && ok; ++k) {
-      const int j = k / u.slices;
-      const size_t slot = unpermute_flag(p, j, n, c, k % u.slices);
+    for (int k = 0; k < d.ranks * u.flags.slices && ok; ++k) {
+      const int j = k / u.flags.slices;
+      const size_t slot = u.flags.slot(j, n, c, k % u.flags.slices);
       ok = wait_until(reinterpret_cast<const uint64_t*>(d.self() + slot), *d.expected_for(slot) + 1,
                       d, WaitSite::kUnpermuteChunk, j, v);
     }

@@ -25,7 +25,9 @@
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
+#include "hybrid_ep/kernels/common/smem_plan.h"
 #include "hybrid_ep/kernels/dispatch_network.cuh"
 #include "hybrid_ep/kernels/dispatch_permute.cuh"
 #include "hybrid_ep/kernels/params.h"
@@ -40,11 +42,21 @@ constexpr int kStoreWarps = 4;
 // GB/s, far below what the network leg needs with several domains.
 constexpr int kNetworkWarps = 4;
 constexpr int kThreads = 32 * (1 + kStoreWarps + kNetworkWarps);
-constexpr int kFirstNetworkWarp = 1 + kStoreWarps;
 constexpr uint32_t kStoreBarrier = 1;  // named barrier of the store warps
 // Each store warp holds one stage while it waits for its next item, so the ring needs two
 // stages per store warp to never starve the loader.
 constexpr int kMinStages = 2 * kStoreWarps;
+
+// Warp 0 loads, the next kStoreWarps store, the last kNetworkWarps send between domains; in the
+// fused permute role they load, store and zero rows (permute_block).
+enum class Role { kLoader, kStore, kNetwork };
+
+__device__ __forceinline__ Role role_of(int warp) {
+  if (warp == 0) return Role::kLoader;
+  return warp <= kStoreWarps ? Role::kStore : Role::kNetwork;
+}
+__device__ __forceinline__ int store_warp_index(int warp) { return warp - 1; }
+__device__ __forceinline__ int network_warp_index(int warp) { return warp - 1 - kStoreWarps; }
 
 __host__ __device__ constexpr int align_up(int v, int a) { return (v + a - 1) / a * a; }
 
@@ -53,19 +65,15 @@ struct StageLayout {
   int row_bytes, prob_bytes, scale_bytes;  // side bytes are 0 when not carried by TMA
   int prob_at, scale_at, stride;
 
-  __host__ __device__ static StageLayout make(int row_bytes, int prob_bytes, int scale_bytes) {
+  __host__ __device__ static StageLayout make(const DispatchParams& p) {
     StageLayout s{};
-    s.row_bytes = row_bytes;
-    s.prob_bytes = prob_bytes;
-    s.scale_bytes = scale_bytes;
+    s.row_bytes = p.row_bytes;
+    s.prob_bytes = p.side_by_tma && p.probs != nullptr ? p.prob_cols * 4 : 0;
+    s.scale_bytes = p.side_by_tma && p.scales != nullptr ? p.scale_cols * 4 : 0;
     s.prob_at = align_up(s.row_bytes, 16);
     s.scale_at = s.prob_at + align_up(s.prob_bytes, 16);
     s.stride = align_up(s.scale_at + s.scale_bytes, 128);
     return s;
-  }
-  __host__ __device__ static StageLayout make(const DispatchParams& p) {
-    return make(p.row_bytes, p.side_by_tma && p.probs != nullptr ? p.prob_cols * 4 : 0,
-                p.side_by_tma && p.scales != nullptr ? p.scale_cols * 4 : 0);
   }
   __host__ __device__ int bytes() const { return row_bytes + prob_bytes + scale_bytes; }
 };
@@ -87,10 +95,30 @@ __device__ __forceinline__ RowTargets row_targets(const DispatchParams& p, int j
   return {peer + p.dispatch_rows, peer + p.dispatch_probs, peer + p.dispatch_scales};
 }
 
+__host__ __device__ constexpr int run_count(int chunk) { return (chunk + 1) / 2; }
+
+// The block's shared memory, one plan for the carve and the size: the ring, then the rows'
+// targets, the routes of two chunks (the loader's, the store warps'), the network warps' runs
+// and the chunk arrivals.
+struct SmemParts {
+  SmemPlan plan;
+  size_t targets = 0, routes = 0, runs = 0, arrivals = 0;  // offsets
+
+  __host__ __device__ static SmemParts make(int stride, int stages, int chunk, int ranks) {
+    SmemParts m{SmemPlan(stride, stages)};
+    m.targets = m.plan.place<RowTargets>(ranks);
+    m.routes = m.plan.place<int32_t>(2 * size_t(chunk) * ranks);
+    m.runs = m.plan.place<TokenRun>(size_t(run_count(chunk)) * kNetworkWarps);
+    m.arrivals = m.plan.place<int>(2);
+    return m;
+  }
+  __host__ __device__ static SmemParts of(const DispatchParams& p) {
+    return make(StageLayout::make(p).stride, p.stages, p.chunk, p.domain.ranks);
+  }
+};
+
 struct Smem {
-  uint8_t* stages;
-  uint64_t* full;
-  uint64_t* empty;
+  Ring ring;
   // [ranks]: where each local rank's rows land, from the peer table in global memory, whose
   // load sat in a store lane's chain for every destination of every row.
   RowTargets* targets;
@@ -98,39 +126,19 @@ struct Smem {
   TokenRun* runs;       // the network warps' scratch, run_count(chunk) each
   int* chunk_arrivals;  // [2] fused with permute: store warps done with a chunk, by parity
   StageLayout layout;
-  int count;
-  __device__ uint8_t* stage(int s) const { return stages + size_t(s) * layout.stride; }
-
-  __host__ __device__ static size_t bytes(const DispatchParams& p) {
-    const StageLayout l = StageLayout::make(p);
-    return size_t(l.stride) * p.stages + 2 * sizeof(uint64_t) * p.stages +
-           reserved_bytes(p.chunk, p.domain.ranks);
-  }
-  // Everything but the ring: the targets, routes of two chunks, the runs, the chunk arrivals.
-  __host__ __device__ static size_t reserved_bytes(int chunk, int ranks) {
-    return sizeof(RowTargets) * size_t(ranks) + 2 * sizeof(int32_t) * size_t(chunk) * ranks +
-           run_bytes(chunk) + 2 * sizeof(int);
-  }
-  __host__ __device__ static int run_count(int chunk) { return (chunk + 1) / 2; }
-  __host__ __device__ static size_t run_bytes(int chunk) {
-    return sizeof(TokenRun) * size_t(run_count(chunk)) * kNetworkWarps;
-  }
 };
 
 __device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
   Smem s;
   s.layout = StageLayout::make(p);
-  s.count = p.stages;
-  s.stages = base;
-  s.full = reinterpret_cast<uint64_t*>(base + size_t(s.layout.stride) * p.stages);
-  s.empty = s.full + p.stages;
-  s.targets = reinterpret_cast<RowTargets*>(s.empty + p.stages);
-  int32_t* routes = reinterpret_cast<int32_t*>(s.targets + p.domain.ranks);
+  const SmemParts m = SmemParts::make(s.layout.stride, p.stages, p.chunk, p.domain.ranks);
+  s.ring = Ring::carve(base, m.plan);
+  s.targets = reinterpret_cast<RowTargets*>(base + m.targets);
+  int32_t* routes = reinterpret_cast<int32_t*>(base + m.routes);
   s.loader_routes = ChunkRoutes{routes, p.domain.ranks};
   s.store_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
-  s.runs = reinterpret_cast<TokenRun*>(routes + 2 * p.chunk * p.domain.ranks);
-  s.chunk_arrivals =
-      reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(s.runs) + Smem::run_bytes(p.chunk));
+  s.runs = reinterpret_cast<TokenRun*>(base + m.runs);
+  s.chunk_arrivals = reinterpret_cast<int*>(base + m.arrivals);
   return s;
 }
 
@@ -210,7 +218,7 @@ __device__ __forceinline__ int domain_at(const DispatchParams& p, int step) {
 __device__ bool chunk_arrived(const DispatchParams& p, int node, int c) {
   const DomainView& d = p.domain;
   if (node == d.node_rank) return true;
-  const size_t slot = p.network_flags + sizeof(uint64_t) * (size_t(node) * p.max_chunks + c);
+  const size_t slot = p.network_flags.slot(node, c);
   return wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
                    WaitSite::kNetworkFlag, node, c);
 }
@@ -238,22 +246,21 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
         for (uint32_t m = leaving; m != 0; m &= m - 1) {
           const int t = r.first + base + __ffs(m) - 1;
           const int stage = at.stage;
-          ptx::mbar_wait(&s.empty[stage], at.phase ^ 1);
-          at.advance(1, s.count);
+          s.ring.acquire(at);
+          at.advance(1, s.ring.stages);
           if (!arrived) {
-            ptx::mbar_arrive(&s.full[stage]);
+            s.ring.skip(stage);
             continue;
           }
-          ptx::mbar_arrive_expect_tx(&s.full[stage], s.layout.bytes());
-          uint8_t* dst = s.stage(stage);
-          ptx::bulk_load(dst, src.rows + int64_t(t) * p.row_bytes, p.row_bytes, &s.full[stage]);
+          s.ring.expect(stage, s.layout.bytes());
+          s.ring.load(stage, 0, src.rows + int64_t(t) * p.row_bytes, p.row_bytes);
           if (s.layout.prob_bytes) {
-            ptx::bulk_load(dst + s.layout.prob_at, src.probs + int64_t(t) * src.prob_stride,
-                           s.layout.prob_bytes, &s.full[stage]);
+            s.ring.load(stage, s.layout.prob_at, src.probs + int64_t(t) * src.prob_stride,
+                        s.layout.prob_bytes);
           }
           if (s.layout.scale_bytes) {
-            ptx::bulk_load(dst + s.layout.scale_at, src.scales + int64_t(t) * p.scale_cols,
-                           s.layout.scale_bytes, &s.full[stage]);
+            s.ring.load(stage, s.layout.scale_at, src.scales + int64_t(t) * p.scale_cols,
+                        s.layout.scale_bytes);
           }
         }
       }
@@ -301,7 +308,7 @@ __device__ __forceinline__ void store_staged_side_data(const Smem& s, const uint
 __device__ __forceinline__ void drain_stores(const Smem& s, int lane, int& pending_stage) {
   if (lane == 0) {
     ptx::bulk_wait<0>();
-    if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
+    if (pending_stage >= 0) s.ring.release(pending_stage);
     ptx::fence_proxy_async_global();
   }
   pending_stage = -1;
@@ -311,9 +318,7 @@ __device__ __forceinline__ void drain_stores(const Smem& s, int lane, int& pendi
 // Flag of chunk c of domain `node`, forwarded by this rank, in local rank j's buffer.
 __device__ __forceinline__ uint64_t* chunk_flag(const DispatchParams& p, int j, int node, int c) {
   const DomainView& d = p.domain;
-  const size_t slot = sizeof(uint64_t) * (size_t(d.local_rank) * d.nodes * p.max_chunks +
-                                          size_t(node) * p.max_chunks + c);
-  return reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags + slot);
+  return reinterpret_cast<uint64_t*>(d.peer(j) + p.dispatch_flags.slot(d.local_rank, node, c));
 }
 
 // Lane 0 of a store warp whose bulk stores of the block's chunk number `ordinal` (chunk c of
@@ -384,17 +389,17 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
           const int t = r.first + base + bit;
           const int32_t* rows = s.store_routes.token(base + bit);
           const int stage = at.stage;
-          ptx::mbar_wait(&s.full[stage], at.phase);
-          at.advance(kStoreWarps, s.count);
+          s.ring.wait(at);
+          at.advance(kStoreWarps, s.ring.stages);
           for (int j = 0; j < d.ranks; ++j) {
             if (rows[j] < 0 || j == skip) continue;
             const RowTargets& to = s.targets[j];
             if (lane == 0) {
-              ptx::bulk_store(to.rows + int64_t(rows[j]) * p.row_bytes, s.stage(stage),
+              ptx::bulk_store(to.rows + int64_t(rows[j]) * p.row_bytes, s.ring.stage(stage),
                               p.row_bytes);
             }
             if (p.side_by_tma) {
-              store_staged_side_data(s, s.stage(stage), to, rows[j], lane);
+              store_staged_side_data(s, s.ring.stage(stage), to, rows[j], lane);
             } else {
               store_side_data_by_lanes(p, src, t, to, rows[j], lane);
             }
@@ -409,7 +414,7 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
             } else {
               ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
             }
-            if (pending_stage >= 0) ptx::mbar_arrive(&s.empty[pending_stage]);
+            if (pending_stage >= 0) s.ring.release(pending_stage);
           }
           if (count_previous) uncounted = {};
           stored = true;
@@ -457,13 +462,11 @@ __device__ void wait_incoming(const DispatchParams& p) {
   const DomainView& d = p.domain;
   const int my_chunks =
       (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
-  const int per_rank = d.nodes * p.max_chunks;
   for (int k = threadIdx.x; k < my_chunks * d.nodes * d.ranks; k += blockDim.x) {
     const int source = k % d.ranks;
     const int node = (k / d.ranks) % d.nodes;
     const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * p.dispatch_blocks;
-    const size_t slot = p.dispatch_flags + sizeof(uint64_t) * (size_t(source) * per_rank +
-                                                               size_t(node) * p.max_chunks + c);
+    const size_t slot = p.dispatch_flags.slot(source, node, c);
     if (!wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
                    WaitSite::kDispatchChunk, source, node * p.max_chunks + c)) {
       return;
@@ -475,13 +478,16 @@ __device__ void wait_incoming(const DispatchParams& p) {
 // network warps (idle here) write the zero rows. The ring goes on from item `ring_items`.
 __device__ void permute_block(const DispatchParams& p, const Smem& s, int block, int warp, int lane,
                               uint32_t ring_items) {
-  const Ring ring{s.stages, s.full, s.empty, s.layout.stride, s.count};
-  if (warp == 0) {
-    permute_load_rows(p, ring, block, lane, ring_items);
-  } else if (warp >= kFirstNetworkWarp) {
-    permute_zero_rows(p, block, warp - kFirstNetworkWarp, kNetworkWarps, lane);
-  } else {
-    permute_store_rows(p, ring, block, warp - 1, kStoreWarps, lane, ring_items);
+  switch (role_of(warp)) {
+    case Role::kLoader:
+      permute_load_rows(p, s.ring, block, lane, ring_items);
+      break;
+    case Role::kStore:
+      permute_store_rows(p, s.ring, block, store_warp_index(warp), kStoreWarps, lane, ring_items);
+      break;
+    case Role::kNetwork:
+      permute_zero_rows(p, block, network_warp_index(warp), kNetworkWarps, lane);
+      break;
   }
 }
 
@@ -505,14 +511,11 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   const int lane = threadIdx.x % 32;
   for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) s.targets[j] = row_targets(p, j);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < s.count; ++i) {
-      ptx::mbar_init(&s.full[i], 1);
-      ptx::mbar_init(&s.empty[i], 1);
-    }
     s.chunk_arrivals[0] = s.chunk_arrivals[1] = 0;
-    ptx::fence_barrier_init();
+    s.ring.init();
   }
   bool stuck = false;
+  // One warp checks that the receivers are free, before any warp takes its role.
   if (p.wait_receivers && warp == 1) {
     for (int j = lane; j < p.domain.ranks; j += 32) stuck |= !receiver_free(p, j);
   }
@@ -521,15 +524,19 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   // A block may dispatch, then permute (fused inside one domain, every block does both).
   uint32_t ring_items = 0;
   if (int(blockIdx.x) < p.dispatch_blocks) {
-    if (warp == 0) {
-      ring_items = load_rows(p, s, lane);
-    } else if (warp >= kFirstNetworkWarp) {
-      const int w = warp - kFirstNetworkWarp;
-      if (p.domain.nodes > 1) {
-        send_own_chunks(p, s.runs + w * Smem::run_count(p.chunk), w, kNetworkWarps, lane);
-      }
-    } else {
-      ring_items = store_rows(p, s, warp - 1, lane);
+    switch (role_of(warp)) {
+      case Role::kLoader:
+        ring_items = load_rows(p, s, lane);
+        break;
+      case Role::kStore:
+        ring_items = store_rows(p, s, store_warp_index(warp), lane);
+        break;
+      case Role::kNetwork:
+        if (p.domain.nodes > 1) {
+          const int w = network_warp_index(warp);
+          send_own_chunks(p, s.runs + w * run_count(p.chunk), w, kNetworkWarps, lane);
+        }
+        break;
     }
   }
   if (p.permute_blocks > 0) {
@@ -545,9 +552,9 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
 // of every incoming chunk flag without moving it (several blocks wait for one chunk).
 __global__ void advance_dispatch_expected(DispatchParams p) {
   const DomainView& d = p.domain;
-  const int flags = d.ranks * d.nodes * p.max_chunks;
+  const int flags = int(p.dispatch_flags.count());
   for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < flags; k += gridDim.x * blockDim.x) {
-    ++*d.expected_for(p.dispatch_flags + sizeof(uint64_t) * k);
+    ++*d.expected_for(p.dispatch_flags.nth(k));
   }
 }
 
@@ -559,10 +566,12 @@ bool aligned16(const void* ptr, int64_t stride_bytes) {
 
 int dispatch_min_stages() { return kMinStages; }
 
-size_t dispatch_reserved_smem(int chunk, int ranks) { return Smem::reserved_bytes(chunk, ranks); }
+size_t dispatch_reserved_smem(int chunk, int ranks) {
+  return SmemParts::make(0, 0, chunk, ranks).plan.reserved();
+}
 
-size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes) {
-  return StageLayout::make(row_bytes, prob_bytes, scale_bytes).stride + 2 * sizeof(uint64_t);
+size_t dispatch_stage_bytes(const DispatchParams& p) {
+  return SmemPlan::stage_bytes(StageLayout::make(p).stride);
 }
 
 bool dispatch_side_data_by_tma(const DispatchParams& p) {
@@ -575,7 +584,7 @@ bool dispatch_side_data_by_tma(const DispatchParams& p) {
 }
 
 void launch_dispatch(const DispatchParams& p, cudaStream_t stream) {
-  const size_t smem = Smem::bytes(p);
+  const size_t smem = SmemParts::of(p).plan.bytes();
   allow_dynamic_smem(reinterpret_cast<const void*>(dispatch_kernel), smem);
   // Without permute blocks this is dispatch_blocks.
   const int grid = std::max(p.dispatch_blocks, p.first_permute_block + p.permute_blocks);

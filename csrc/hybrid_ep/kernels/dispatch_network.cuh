@@ -37,9 +37,8 @@ inline __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, 
         {reinterpret_cast<const uint8_t*>(p.net_scales_src),
          p.net_scales + tile * p.scale_cols * sizeof(float),
          p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0}};
-    const size_t flag =
-        p.network_flags + sizeof(uint64_t) * (size_t(d.node_rank) * p.max_chunks + c);
-    send_chunk(p.transport, channel, node, selected, first, last, tensors, flag, runs, lane);
+    send_chunk(p.transport, channel, node, selected, first, last, tensors,
+               p.network_flags.slot(d.node_rank, c), runs, lane);
   }
   // The sources (this call's rows) may be reused once the kernel ends.
   TransportDevice::flush(p.transport, channel, lane);

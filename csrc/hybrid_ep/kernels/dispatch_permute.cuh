@@ -19,20 +19,11 @@
 
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
 #include "hybrid_ep/kernels/params.h"
 
 namespace hybrid_ep {
-
-// The shared-memory ring of one block: stages guarded by full/empty mbarriers.
-struct Ring {
-  uint8_t* stages;
-  uint64_t* full;
-  uint64_t* empty;
-  int stride;
-  int count;
-  __device__ uint8_t* stage(int s) const { return stages + size_t(s) * stride; }
-};
 
 struct PermuteItem {
   int source_rank;  // local rank that forwarded the chunk
@@ -123,9 +114,7 @@ struct PermuteSource {
 __device__ __forceinline__ bool permute_chunk_arrived(const DispatchParams& p,
                                                       const PermuteItem& it) {
   const DomainView& d = p.domain;
-  const size_t slot =
-      p.dispatch_flags + sizeof(uint64_t) * (size_t(it.source_rank) * d.nodes * p.max_chunks +
-                                             size_t(it.node) * p.max_chunks + it.chunk);
+  const size_t slot = p.dispatch_flags.slot(it.source_rank, it.node, it.chunk);
   const bool ok =
       wait_until(reinterpret_cast<const uint64_t*>(d.self() + slot), *d.expected_for(slot) + 1, d,
                  WaitSite::kDispatchChunk, it.source_rank, it.node * p.max_chunks + it.chunk);
@@ -152,7 +141,7 @@ __device__ __forceinline__ ItemRows item_rows(const DispatchParams& p, const Per
 // goes on.
 inline __device__ void permute_load_rows(const DispatchParams& p, const Ring& ring, int block,
                                          int lane, uint32_t item) {
-  RingPos at = RingPos::of(item, ring.count);  // lane 0's
+  RingPos at = RingPos::of(item, ring.stages);  // lane 0's
   for (int q = block; q < permute_items(p); q += p.permute_blocks) {
     const PermuteItem it = permute_item(p, q);
     if (it.first >= it.last) continue;
@@ -164,15 +153,14 @@ inline __device__ void permute_load_rows(const DispatchParams& p, const Ring& ri
       for (uint32_t m = r.mask; m != 0; m &= m - 1) {
         const int k = it.first + __ffs(m) - 1;
         const int stage = at.stage;
-        ptx::mbar_wait(&ring.empty[stage], at.phase ^ 1);
-        at.advance(1, ring.count);
+        ring.acquire(at);
+        at.advance(1, ring.stages);
         if (!arrived) {  // pass the item on unloaded so that the store warps finish
-          ptx::mbar_arrive(&ring.full[stage]);
+          ring.skip(stage);
           continue;
         }
-        ptx::mbar_arrive_expect_tx(&ring.full[stage], p.row_bytes);
-        ptx::bulk_load(ring.stage(stage), rows + int64_t(k) * p.row_bytes, p.row_bytes,
-                       &ring.full[stage]);
+        ring.expect(stage, p.row_bytes);
+        ring.load(stage, 0, rows + int64_t(k) * p.row_bytes, p.row_bytes);
       }
     }
     item += __popc(r.mask);
@@ -184,7 +172,7 @@ inline __device__ void permute_store_rows(const DispatchParams& p, const Ring& r
                                           int w, int warps, int lane, uint32_t item) {
   const int E = p.permute.experts_per_rank;
   // This warp's items are those with item % warps == w (warps < ring stages).
-  RingPos at = RingPos::of(item + to_own_item(item, w, warps), ring.count);
+  RingPos at = RingPos::of(item + to_own_item(item, w, warps), ring.stages);
   int pending_stage = -1;
   for (int q = block; q < permute_items(p); q += p.permute_blocks) {
     const PermuteItem it = permute_item(p, q);
@@ -197,8 +185,8 @@ inline __device__ void permute_store_rows(const DispatchParams& p, const Ring& r
       const int k = it.first + bit;
       const int i = __shfl_sync(~0u, r.row, bit);
       const int stage = at.stage;
-      ptx::mbar_wait(&ring.full[stage], at.phase);
-      at.advance(warps, ring.count);
+      ring.wait(at);
+      at.advance(warps, ring.stages);
       const int32_t* slots = p.permute.dense_to_expert_map + int64_t(i) * E;
       // Lane l holds expert e0 + l's output row and prob: the warp's loads are in flight at
       // once (one after the other, they left a row's stores waiting on a chain of loads).
@@ -226,7 +214,7 @@ inline __device__ void permute_store_rows(const DispatchParams& p, const Ring& r
       if (lane == 0) {
         ptx::bulk_commit();
         ptx::bulk_wait_read<1>();  // the previous item's stores no longer read its stage
-        if (pending_stage >= 0) ptx::mbar_arrive(&ring.empty[pending_stage]);
+        if (pending_stage >= 0) ring.release(pending_stage);
       }
       pending_stage = stage;
     }
@@ -234,7 +222,7 @@ inline __device__ void permute_store_rows(const DispatchParams& p, const Ring& r
   }
   if (lane == 0) {
     ptx::bulk_wait<0>();
-    if (pending_stage >= 0) ptx::mbar_arrive(&ring.empty[pending_stage]);
+    if (pending_stage >= 0) ring.release(pending_stage);
   }
 }
 

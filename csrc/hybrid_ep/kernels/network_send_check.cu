@@ -36,15 +36,14 @@ __global__ void __launch_bounds__(32) network_send_check_kernel(NetworkSendCheck
     for (int node = 0; node < t.nodes; ++node) {
       if (node == t.node_rank) continue;
       const GoesTo selected{p.goes, t.nodes - 1, node < t.node_rank ? node : node - 1};
-      const size_t flag =
-          p.network_flags + sizeof(uint64_t) * (size_t(t.node_rank) * p.max_chunks + c);
+      const size_t flag = p.network_flags.slot(t.node_rank, c);
       send_chunk(t, channel, node, selected, first, last, tensors, flag, runs, lane);
     }
   }
   for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
     for (int node = 0; node < t.nodes; ++node) {
       if (node == t.node_rank || lane != 0) continue;
-      const size_t flag = p.network_flags + sizeof(uint64_t) * (size_t(node) * p.max_chunks + c);
+      const size_t flag = p.network_flags.slot(node, c);
       if (!wait_flag(reinterpret_cast<const uint64_t*>(p.domain.self() + flag),
                      p.domain.expected_for(flag), p.domain, WaitSite::kNetworkFlag, node, c)) {
         return;

@@ -1,5 +1,6 @@
 // Kernel parameters: plain structs of pointers and sizes, shared by the launchers (host) and
-// the kernels (device). Peer memory is reached as `peers[j] + offset` (see memory/layout.h).
+// the kernels (device). Peer memory is reached as `peers[j] + offset` (see memory/layout.h), a
+// flag as `peers[j] + table.slot(...)` (memory/flag_tables.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "hybrid_ep/kernels/common/domain_view.h"
+#include "hybrid_ep/memory/flag_tables.h"
 #include "hybrid_ep/transport/transport.h"
 
 namespace hybrid_ep {
@@ -17,8 +19,8 @@ namespace hybrid_ep {
 struct BarrierParams {
   DomainView domain;
   TransportContext transport;  // used when domain.nodes > 1
-  size_t barrier_flags;
-  size_t net_barrier_flags;
+  RankFlags barrier_flags;
+  DomainFlags net_barrier_flags;
   // Region offsets of the stamps the barrier carries, [2][R] and [2][N] (memory/layout.h).
   size_t barrier_stamps;
   size_t net_barrier_stamps;
@@ -35,7 +37,8 @@ struct AllgatherParams {
   size_t call_stamps;  // uint64 [W]: each rank's stamp, carried like its token count
   // The domain barrier's flags and stamp slots (BarrierParams): the all-gather is this call's
   // barrier, so that a rank in another operation meets it there.
-  size_t barrier_flags, barrier_stamps;
+  RankFlags barrier_flags;
+  size_t barrier_stamps;
 };
 
 // The all-gather's second step with several domains: this rank's map (already in its own
@@ -47,8 +50,9 @@ struct AllgatherNetworkParams {
   int max_tokens;
   int experts_total;
   size_t routing, token_counts, call_stamps;
-  size_t net_barrier_flags, net_barrier_stamps;  // the barrier's, as in AllgatherParams
-  size_t forward_flags;
+  DomainFlags net_barrier_flags;  // the barrier's, as in AllgatherParams
+  size_t net_barrier_stamps;
+  RankFlags forward_flags;
 };
 
 // Destination-major probs: probs [num_tokens, N * E*R] -> restriped [N, T, E*R], so that the
@@ -147,8 +151,10 @@ struct DispatchParams {
   int first_permute_block;   // the permute blocks are blocks first_permute_block, ...
   FusedPermuteParams permute;
   OwnDispatchRows own;
-  size_t dispatch_rows, dispatch_probs, dispatch_scales, dispatch_flags;  // region offsets
-  size_t net_rows, net_probs, net_scales, network_flags;
+  size_t dispatch_rows, dispatch_probs, dispatch_scales;  // region offsets
+  DispatchFlags dispatch_flags;                           // at max_chunks
+  size_t net_rows, net_probs, net_scales;
+  ChunkFlags network_flags;
   // Inside one domain of several ranks, in place of a domain barrier before the launch: no
   // block stores into peer j's dispatch_rows before j has released them (read them out) as
   // often as this rank has (uint64 at receive_releases in every rank's buffer).
@@ -181,8 +187,7 @@ struct FusedUnpermuteParams {
   int dispatch_chunk;           // tokens per chunk of chunk_layout
   int max_chunks;               // C
   int max_tokens;               // T: forwarded token i = n * T + t
-  int slices;                   // work items (and flags) per (source, chunk)
-  size_t flags;                 // region offset of unpermute_flags [R, N, C, slices]
+  UnpermuteFlags flags;         // [R, N, C, slices]: its slices are the work items per unit
 };
 
 // The combine between domains (CombineParams::partial): each forwarded chunk's in-domain sum is
@@ -202,7 +207,7 @@ struct CombineAcross {
   float* partial_probs;          // [N, T, E*R] or null
   size_t partials_at, partial_probs_at;    // their region offsets (the puts' sources)
   size_t net_partials, net_partial_probs;  // region offsets: [N, T, ...] from each domain
-  size_t combine_flags;                    // region offset: [N, max_chunks]
+  ChunkFlags combine_flags;                // at max_chunks
 };
 
 // With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens
@@ -271,9 +276,8 @@ struct PermuteLayoutParams {
 struct TransportCheckParams {
   DomainView domain;
   TransportContext transport;
-  size_t scratch;        // region offset: slot 0 is this rank's source pattern
-  size_t network_flags;  // region offset of the [N, max chunks] flags (chunk 0 is used)
-  int max_chunks;
+  size_t scratch;            // region offset: slot 0 is this rank's source pattern
+  ChunkFlags network_flags;  // chunk 0 of each domain is used
   int channel;
   size_t bytes;
   unsigned long long* mismatches;  // device: wrong bytes (a timed-out peer counts all)
@@ -292,10 +296,9 @@ struct NetworkSendCheckParams {
   const uint8_t* rows;  // [num_tokens, row_bytes]
   int num_tokens;       // T: every chunk of it is signalled
   int chunk;
-  int max_chunks;
   int row_bytes;
-  size_t net_rows;       // region offset of the receive tiles [N, T, row_bytes]
-  size_t network_flags;  // region offset of [N, max chunks]
+  size_t net_rows;  // region offset of the receive tiles [N, T, row_bytes]
+  ChunkFlags network_flags;
 };
 
 // Byte ranges copied by one kernel (kernels/segment_copy.cu). The dispatch's copy-out and the
@@ -314,8 +317,8 @@ struct SegmentCopyParams {
 
 // Shared-memory needs of the ring kernels, for the runtime's stage clamping.
 int dispatch_min_stages();
-size_t dispatch_reserved_smem(int chunk, int ranks);  // besides the ring: routes, run scratch
-size_t dispatch_stage_bytes(int row_bytes, int prob_bytes, int scale_bytes);
+size_t dispatch_reserved_smem(int chunk, int ranks);   // besides the ring: routes, run scratch
+size_t dispatch_stage_bytes(const DispatchParams& p);  // p's rows, and its side data by TMA
 bool dispatch_side_data_by_tma(const DispatchParams& p);
 // Per stage for p's pieces, input type and probs; and the rest of the kernel's shared memory.
 size_t combine_stage_bytes(const CombineParams& p);

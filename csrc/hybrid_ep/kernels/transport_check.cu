@@ -31,13 +31,13 @@ __global__ void __launch_bounds__(kThreads) transport_check_kernel(TransportChec
     if (n == t.node_rank) continue;
     if (p.times != nullptr && lane == 0) p.times[n] = ptx::global_timer_ns();
     TransportDevice::put(t, p.channel, n, my_slot, source, p.bytes, lane);
-    const size_t flag = p.network_flags + sizeof(uint64_t) * size_t(t.node_rank) * p.max_chunks;
+    const size_t flag = p.network_flags.slot(t.node_rank, 0);
     TransportDevice::signal(t, p.channel, n, flag, 1, lane);
     TransportDevice::flush(t, p.channel, lane);
   }
   for (int n = warp; n < t.nodes; n += warps) {
     if (n == t.node_rank) continue;
-    const size_t flag = p.network_flags + sizeof(uint64_t) * size_t(n) * p.max_chunks;
+    const size_t flag = p.network_flags.slot(n, 0);
     int ok = 1;
     if (lane == 0) {
       ok = wait_flag(reinterpret_cast<const uint64_t*>(self + flag), p.domain.expected_for(flag),

@@ -5,11 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace hybrid_ep {
+#include "hybrid_ep/memory/flag_tables.h"
 
-// A fused unpermute's unit, the dispatch rows of one (source, chunk), is split into this many
-// slices, each its own work item and flag: a chunk's rows spread over several blocks.
-constexpr int kUnpermuteSlices = 4;
+namespace hybrid_ep {
 
 struct BufferShape {
   int64_t world;             // W: ranks in the group
@@ -26,6 +24,10 @@ struct BufferShape {
   int64_t max_rows() const { return world * max_tokens; }         // worst case received rows
   int64_t max_chunks() const { return (max_tokens + dispatch_chunk - 1) / dispatch_chunk; }
   int64_t nodes() const { return world / ranks; }
+  // The flag tables' shapes (memory/flag_tables.h), at the buffer's chunk count.
+  FlagTables flag_shapes() const {
+    return FlagTables::shaped(int(ranks), int(nodes()), int(max_chunks()));
+  }
 };
 
 struct BufferLayout {
@@ -58,8 +60,9 @@ struct BufferLayout {
   size_t net_partial_probs;  // fp32 [N, T, E*R]
   size_t barrier_flags;      // uint64 [R]: one per sending local rank (barrier, all-gather)
   size_t forward_flags;      // uint64 [R]: the other domains' maps forwarded by local rank j
-  size_t dispatch_flags;     // uint64 [R, N * max chunks]: (forwarding rank, domain, chunk)
-  size_t unpermute_flags;    // uint64 [R, N * max chunks, kUnpermuteSlices]: fused unpermute
+  // The flag tables (memory/flag_tables.h; flag_tables() below).
+  size_t dispatch_flags;     // uint64 [R, N, max chunks]: (forwarding rank, domain, chunk)
+  size_t unpermute_flags;    // uint64 [R, N, max chunks, kUnpermuteSlices]: fused unpermute
   size_t network_flags;      // uint64 [N, max chunks]: dispatch chunks from the peer of domain n
   size_t combine_flags;      // uint64 [N, max chunks]: combine partials from the peer of domain n
   size_t net_barrier_flags;  // uint64 [N]
@@ -75,8 +78,8 @@ struct BufferLayout {
   static void for_each_region(const BufferShape& s, Visit&& visit) {
     const size_t u64 = sizeof(uint64_t), f32 = sizeof(float);
     const size_t rows = static_cast<size_t>(s.max_rows());
-    const size_t nodes = size_t(s.nodes()), ranks = size_t(s.ranks),
-                 chunks = size_t(s.max_chunks());
+    const size_t nodes = size_t(s.nodes()), ranks = size_t(s.ranks);
+    const FlagTables flags = s.flag_shapes();
     const size_t prob_row = s.prob_cols() * f32, scale_row = s.max_scale_cols * f32;
     const size_t tiles = nodes > 1 ? nodes * size_t(s.max_tokens) : 0;  // N*T
     const size_t own = nodes > 1 ? size_t(s.max_tokens) : 0;
@@ -102,14 +105,13 @@ struct BufferLayout {
     visit("net_partials", &BufferLayout::net_partials, tiles * partial_row);
     visit("net_partial_probs", &BufferLayout::net_partial_probs, tiles * prob_row);
     // The flags, from barrier_flags on, are zeroed together (flags_begin..flags_end).
-    visit("barrier_flags", &BufferLayout::barrier_flags, u64 * ranks);
-    visit("forward_flags", &BufferLayout::forward_flags, u64 * ranks);
-    visit("dispatch_flags", &BufferLayout::dispatch_flags, u64 * ranks * nodes * chunks);
-    visit("unpermute_flags", &BufferLayout::unpermute_flags,
-          u64 * ranks * nodes * chunks * kUnpermuteSlices);
-    visit("network_flags", &BufferLayout::network_flags, u64 * nodes * chunks);
-    visit("combine_flags", &BufferLayout::combine_flags, u64 * nodes * chunks);
-    visit("net_barrier_flags", &BufferLayout::net_barrier_flags, u64 * nodes);
+    visit("barrier_flags", &BufferLayout::barrier_flags, flags.barrier.bytes());
+    visit("forward_flags", &BufferLayout::forward_flags, flags.forward.bytes());
+    visit("dispatch_flags", &BufferLayout::dispatch_flags, flags.dispatch.bytes());
+    visit("unpermute_flags", &BufferLayout::unpermute_flags, flags.unpermute.bytes());
+    visit("network_flags", &BufferLayout::network_flags, flags.network.bytes());
+    visit("combine_flags", &BufferLayout::combine_flags, flags.combine.bytes());
+    visit("net_barrier_flags", &BufferLayout::net_barrier_flags, flags.net_barrier.bytes());
     visit("receive_releases", &BufferLayout::receive_releases, u64);
   }
 
@@ -124,6 +126,19 @@ struct BufferLayout {
     l.flags_end = at;
     l.total = at;
     return l;
+  }
+
+  // The flag tables of a buffer of shape `s` laid out so.
+  FlagTables flag_tables(const BufferShape& s) const {
+    FlagTables t = s.flag_shapes();
+    t.barrier.at = barrier_flags;
+    t.forward.at = forward_flags;
+    t.dispatch.at = dispatch_flags;
+    t.unpermute.at = unpermute_flags;
+    t.network.at = network_flags;
+    t.combine.at = combine_flags;
+    t.net_barrier.at = net_barrier_flags;
+    return t;
   }
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "hybrid_ep/kernels/common/smem_plan.h"
 #include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/runtime/device_info.h"
 #include "hybrid_ep/transport/transport_hooks.h"
@@ -13,7 +14,7 @@ namespace {
 // Ring depth: what the config asks for, at least `minimum`, at most what shared memory holds
 // next to `reserved` bytes of other state.
 int ring_stages(int wanted, int minimum, size_t stage_bytes, size_t reserved, int smem_limit) {
-  const int fit = int((size_t(smem_limit) - reserved - 1024) / stage_bytes);
+  const int fit = stages_that_fit(smem_limit, stage_bytes, reserved);
   if (fit < minimum) {
     throw std::invalid_argument("ring stages of " + std::to_string(stage_bytes) + " bytes: only " +
                                 std::to_string(fit) + " fit in shared memory, " +
@@ -149,12 +150,9 @@ const TransportContext& Runtime::control_transport() const {
 }
 
 BarrierParams Runtime::barrier() const {
-  return BarrierParams{domain(),
-                       control_transport(),
-                       layout_.barrier_flags,
-                       layout_.net_barrier_flags,
-                       layout_.barrier_stamps,
-                       layout_.net_barrier_stamps};
+  const FlagTables flags = layout_.flag_tables(shape_);
+  return BarrierParams{domain(),          control_transport(),    flags.barrier,
+                       flags.net_barrier, layout_.barrier_stamps, layout_.net_barrier_stamps};
 }
 
 const TransportContext& Runtime::transport() const {
@@ -191,9 +189,9 @@ int Runtime::combine_stages(size_t stage) const {
 }
 
 bool Runtime::combine_fits(size_t stage) const {
-  const size_t usable = size_t(smem_limit_) -
-                        combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes) - 1024;
-  return usable / stage >= size_t(combine_width()) + 1;
+  const int fit = stages_that_fit(
+      smem_limit_, stage, combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes));
+  return fit >= combine_width() + 1;
 }
 
 }  // namespace hybrid_ep

@@ -23,6 +23,12 @@ struct RingPos {
       phase ^= 1;
     }
   }
+  // The position `step` items on (step < stages), this one left as it is.
+  __device__ RingPos plus(int step, int stages) const {
+    RingPos next = *this;
+    next.advance(step, stages);
+    return next;
+  }
   // Any number of items on: a loop of whole rounds, for steps of about a round or two.
   __device__ void advance_far(uint32_t step, int stages) {
     for (; step >= uint32_t(stages); step -= uint32_t(stages)) phase ^= 1u;
