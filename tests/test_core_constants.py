@@ -1,5 +1,5 @@
 """Values the Python side and the C++ core share have one source: the device status's codes and
-wait sites come from the binding, which follows kernels/common/status.h; the runtime's defaults
+wait sites come from the binding, which follows common/status.h; the runtime's defaults
 equal the ones a buffer passes it (the environment's defaults, the constructor's)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's environment table and the variables the package reads stay in step."""
+"""The environment table (docs/environment.md) and the variables the package reads stay in step."""
 
 import re
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_env_table_is_current():
+def test_env_table_is_current():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "env_table.py"), "--check"],
                             check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout

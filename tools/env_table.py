@@ -1,7 +1,7 @@
-"""Writes the environment-variable table of README.md from hybrid_ep.config.ENV_VARS.
+"""Writes the environment-variable table of docs/environment.md from hybrid_ep.config.ENV_VARS.
 
-    python tools/env_table.py          rewrite the table in README.md
-    python tools/env_table.py --check  exit 1 when README.md is out of date (the tests do this)
+    python tools/env_table.py          rewrite the table in docs/environment.md
+    python tools/env_table.py --check  exit 1 when docs/environment.md is out of date (the tests do this)
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ def current(text: str) -> tuple[int, int]:
 
 
 def main() -> int:
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "environment.md"
     text = readme.read_text()
     start, end = current(text)
     table = render()
     if "--check" in sys.argv:
         if text[start:end] != table:
-            print("README.md's environment table is out of date: run python tools/env_table.py")
+            print("docs/environment.md's table is out of date: run python tools/env_table.py")
             return 1
         return 0
     readme.write_text(text[:start] + table + text[end:])

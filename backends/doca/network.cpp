@@ -6,7 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 
 namespace hybrid_ep::doca {
 namespace {

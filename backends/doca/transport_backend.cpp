@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "doca_library.h"
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/transport/device_state.h"
 #include "hybrid_ep/transport/transport.h"
 #include "network.h"

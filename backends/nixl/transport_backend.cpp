@@ -7,7 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/transport/device_state.h"
 #include "hybrid_ep/transport/transport.h"
 #include "mapped_views.h"

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/transport/registered_source.cuh"
 #include "hybrid_ep/transport/warp_copy.cuh"
 #include "hybrid_ep/transport/warp_slot.cuh"

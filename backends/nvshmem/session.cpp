@@ -13,7 +13,7 @@
 // The host API only: nvshmem.h would pull in the device API (and libcu++) into a g++ TU.
 #include "host/nvshmem_api.h"
 #include "host/nvshmemx_api.h"
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/transport/transport_error.h"
 #include "status.h"
 

@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

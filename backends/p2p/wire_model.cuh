@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/common/ptx.cuh"
 #include "wire_model.h"
 
 namespace hybrid_ep::wire {

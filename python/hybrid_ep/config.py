@@ -1,7 +1,7 @@
 """Buffer configuration and the environment variables that shape it.
 
-Every variable the package reads is declared once in ``ENV_VARS`` (the README table is written
-from the same list); a malformed value raises ``ValueError`` naming the variable.
+Every variable the package reads is declared once in ``ENV_VARS`` (the table of
+docs/environment.md is written from the same list); a malformed value raises ``ValueError`` naming the variable.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CUDA engine's device status (kernels/common/status.h) as the Python error it stands for.
+"""The CUDA engine's device status (common/status.h) as the Python error it stands for.
 
 A kernel that cannot make progress records what it waited for and gives up; the engine reads
 the record before its next launch and raises here, naming the wait, the peer and the call.
@@ -13,7 +13,7 @@ from .call_stamp import CallStamp, differences
 from .errors import HybridEPMismatchError, HybridEPTimeoutError
 from .topology import Topology
 
-# What each wait site of kernels/common/status.h (_C.WaitSite, by name) waited for.
+# What each wait site of common/status.h (_C.WaitSite, by name) waited for.
 WAIT_SITES = {"kBarrier": "domain barrier", "kAllgather": "routing all-gather",
               "kDispatchChunk": "dispatch chunk flag", "kNetworkFlag": "network dispatch chunk",
               "kNetworkCombine": "network combine chunk", "kNetworkBarrier": "network barrier",

@@ -16,10 +16,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/common/device_info.h"
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
-#include "hybrid_ep/kernels/common/ptx.cuh"
-#include "hybrid_ep/runtime/cuda_check.h"
-#include "hybrid_ep/runtime/device_info.h"
 #include "hybrid_ep_bench/copy_ceiling.h"
 
 namespace hybrid_ep {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep_bench/copy_ceiling.h"
 #include "hybrid_ep_bench/start_gate.h"
 

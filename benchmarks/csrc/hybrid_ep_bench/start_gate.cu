@@ -1,5 +1,5 @@
-#include "hybrid_ep/kernels/common/ptx.cuh"
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep_bench/start_gate.h"
 
 namespace hybrid_ep {

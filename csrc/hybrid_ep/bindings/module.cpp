@@ -4,9 +4,9 @@
 
 #include "hybrid_ep/bindings/layout.h"
 #include "hybrid_ep/bindings/runtime.h"
+#include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/common/device_info.h"
 #include "hybrid_ep/runtime/build_info.h"
-#include "hybrid_ep/runtime/cuda_check.h"
-#include "hybrid_ep/runtime/device_info.h"
 #include "hybrid_ep/transport/transport.h"
 #include "hybrid_ep/transport/transport_hooks.h"
 

@@ -8,8 +8,8 @@
 #include <tuple>
 #include <vector>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/executor/executor.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/runtime/runtime.h"
 
 namespace py = pybind11;
@@ -39,7 +39,7 @@ py::dict status_dict(const DeviceStatus& s) {
 }  // namespace
 
 void register_runtime(py::module_& m) {
-  // The codes and wait sites of DeviceStatus (kernels/common/status.h): the Python side names a
+  // The codes and wait sites of DeviceStatus (common/status.h): the Python side names a
   // failure from these instead of copies of the numbers.
   py::enum_<StatusCode>(m, "StatusCode")
       .value("kOk", StatusCode::kOk)

@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/executor/executor.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 

@@ -1,8 +1,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/executor/executor.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 

@@ -2,8 +2,8 @@
 #include <string>
 #include <vector>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/executor/executor.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 

@@ -6,10 +6,10 @@
 // domain. The signals are the domain barrier's (barrier.cu says why), each with the stamp.
 #include <algorithm>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/transport/transport_device.cuh"
 
 namespace hybrid_ep {

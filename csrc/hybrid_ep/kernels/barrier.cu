@@ -8,9 +8,9 @@
 // Inside one domain a dispatch needs no barrier: its peers wait for this rank's release of its
 // receive region instead (receive_release_kernel), which it bumps as soon as it has read the
 // rows out, so that a rank whose host comes late to the next call does not hold the others.
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/transport/transport_device.cuh"
 
 namespace hybrid_ep {

@@ -22,18 +22,18 @@
 #include <algorithm>
 #include <cub/warp/warp_scan.cuh>
 
+#include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/kernels/combine_across.cuh"
 #include "hybrid_ep/kernels/combine_ring.cuh"
 #include "hybrid_ep/kernels/combine_sum.cuh"
 #include "hybrid_ep/kernels/combine_unpermute.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
-#include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
 #include "hybrid_ep/kernels/common/smem_plan.h"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

@@ -20,18 +20,18 @@
 // the permute role, not the dispatch role, waits for the incoming chunks.
 #include <algorithm>
 
+#include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
-#include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
 #include "hybrid_ep/kernels/common/smem_plan.h"
 #include "hybrid_ep/kernels/dispatch_network.cuh"
 #include "hybrid_ep/kernels/dispatch_permute.cuh"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

@@ -17,8 +17,8 @@
 // wait for one chunk), and advance_dispatch_expected moves them on after the kernel.
 #pragma once
 
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
-#include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
 #include "hybrid_ep/kernels/params.h"

@@ -5,9 +5,9 @@
 // source chunk: the dense chunk layout); one more block writes the domain-level maps.
 #include <cub/block/block_scan.cuh>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

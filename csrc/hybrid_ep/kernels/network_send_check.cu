@@ -3,10 +3,10 @@
 // of every other domain, then waits for the chunks those peers send to it.
 #include <algorithm>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/network_send.cuh"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

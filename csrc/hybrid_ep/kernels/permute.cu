@@ -3,8 +3,8 @@
 // row, or zeros for padding and for the tail past the data), so no memset pass is needed.
 #include <algorithm>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

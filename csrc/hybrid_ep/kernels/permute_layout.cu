@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

@@ -3,8 +3,8 @@
 // one contiguous block and go in one put instead of one per token.
 #include <algorithm>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

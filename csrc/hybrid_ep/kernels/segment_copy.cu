@@ -2,8 +2,8 @@
 // turn with the widest vector that the range's addresses and length allow.
 #include <algorithm>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

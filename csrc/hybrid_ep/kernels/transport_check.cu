@@ -1,10 +1,10 @@
 // Transport self-test between NVLink domains (a diagnostic, and the transport's GPU test):
 // warps put a pattern into the peer of every other domain through TransportDevice and signal
 // it, then wait for the peers' signals and count the bytes that differ from their pattern.
+#include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
-#include "hybrid_ep/kernels/common/ptx.cuh"
 #include "hybrid_ep/kernels/params.h"
-#include "hybrid_ep/runtime/cuda_check.h"
 #include "hybrid_ep/transport/transport_device.cuh"
 
 namespace hybrid_ep {

@@ -4,9 +4,9 @@
 // so the launch needs no host synchronisation (non-blocking mode, CUDA graphs).
 #include <algorithm>
 
+#include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/kernels/unpermute_row.cuh"
-#include "hybrid_ep/runtime/cuda_check.h"
 
 namespace hybrid_ep {
 namespace {

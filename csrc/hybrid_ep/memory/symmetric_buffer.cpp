@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <utility>
 
-#include "hybrid_ep/runtime/cuda_check.h"
-#include "hybrid_ep/runtime/driver_api.h"
+#include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/common/driver_api.h"
 
 namespace hybrid_ep {
 namespace {

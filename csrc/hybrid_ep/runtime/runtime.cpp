@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/common/device_info.h"
 #include "hybrid_ep/kernels/common/smem_plan.h"
-#include "hybrid_ep/runtime/cuda_check.h"
-#include "hybrid_ep/runtime/device_info.h"
 #include "hybrid_ep/transport/transport_hooks.h"
 
 namespace hybrid_ep {

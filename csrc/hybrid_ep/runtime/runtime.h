@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "hybrid_ep/kernels/common/status.h"
+#include "hybrid_ep/common/status.h"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/memory/layout.h"
 #include "hybrid_ep/memory/symmetric_buffer.h"

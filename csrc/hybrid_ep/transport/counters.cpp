@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 
 namespace hybrid_ep {
 

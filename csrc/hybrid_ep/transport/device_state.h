@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 
 namespace hybrid_ep {
 

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/transport/counting.cuh"
 
 namespace hybrid_ep {

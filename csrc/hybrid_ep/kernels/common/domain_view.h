@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "hybrid_ep/kernels/common/status.h"
+#include "hybrid_ep/common/status.h"
 
 namespace hybrid_ep {
 

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/domain_view.h"
-#include "hybrid_ep/kernels/common/ptx.cuh"
 
 namespace hybrid_ep {
 

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <utility>
 
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 
 namespace hybrid_ep {
 

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "hybrid_ep/kernels/common/ptx.cuh"
+#include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
 #include "hybrid_ep/kernels/common/smem_plan.h"
 

@@ -1,7 +1,7 @@
 // A .cu file on purpose: the runtime is compiled by nvcc with the configured architectures
 // from the first build on, so toolchain problems show up before the kernels arrive.
-#include "hybrid_ep/runtime/cuda_check.h"
-#include "hybrid_ep/runtime/device_info.h"
+#include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/common/device_info.h"
 
 namespace hybrid_ep {
 

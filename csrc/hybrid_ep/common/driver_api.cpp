@@ -1,10 +1,10 @@
-#include "hybrid_ep/runtime/driver_api.h"
+#include "hybrid_ep/common/driver_api.h"
 
 #include <cuda_runtime_api.h>
 
 #include <string>
 
-#include "hybrid_ep/runtime/cuda_check.h"
+#include "hybrid_ep/common/cuda_check.h"
 
 namespace hybrid_ep::driver {
 namespace {
