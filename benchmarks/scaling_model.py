@@ -1,7 +1,7 @@
 """Scaling model of dispatch and combine across NVLink domains (issue 33, item 4): time per
 call and registered memory per rank for N domains x R ranks from a few parameters, fitted on
 the emulated runs of ``hybrid-ep bench --device cuda --nodes N --wire SPEC --json PATH`` (all
-ranks on one GPU under MPS, :mod:`hybrid_ep.gpubench.domains`), then extrapolated to a cluster
+ranks on one GPU under MPS, :mod:`hybrid_ep_bench.gpubench.domains`), then extrapolated to a cluster
 where every rank has its own GPU and NIC.
 
     python benchmarks/scaling_model.py wire-2.json wire-4.json wire-8.json --out-dir DIR
