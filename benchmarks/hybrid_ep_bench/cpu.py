@@ -1,7 +1,7 @@
 """``hybrid-ep bench`` on the CPU: the reference engine over gloo on N local ranks, verified,
 timed, tabulated.
 
-Timing follows DESIGN.md section 8: median over iterations with fresh random routing, algorithm
+Timing (benchmarks/README.md): median over iterations with fresh random routing, algorithm
 bandwidth per rank = dispatched rows x hidden x 2 bytes / time (FP8 counts (1 + 4/128) / 2 of
 that), averaged over ranks.
 """

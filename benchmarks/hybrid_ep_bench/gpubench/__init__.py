@@ -1,7 +1,7 @@
 """``hybrid-ep bench --device cuda``: the CUDA engine on GPUs, verified, timed, and compared with
 ceilings measured in the same run.
 
-Two regimes (DESIGN.md section 8; defaults of ``--device cuda``):
+Two regimes (benchmarks/README.md; defaults of ``--device cuda``):
 
 - ``hbm``: 8 ranks sharing one GPU (MPS), 16 SMs per rank. The kernels together can saturate
   HBM: each is compared with the HBM roofline, a device-to-device copy measured in the run.
