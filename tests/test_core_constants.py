@@ -13,7 +13,7 @@ from hybrid_ep import buffer, device_status, native
 from hybrid_ep.config import ENV_VARS, EnvSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMON = ROOT / "csrc" / "hybrid_ep" / "kernels" / "common"
+CORE = ROOT / "csrc" / "hybrid_ep"
 
 
 def _enum(text: str, name: str) -> dict[str, int]:
@@ -28,7 +28,7 @@ def _members(enum) -> dict[str, int]:
 
 def test_status_enums_of_the_binding_are_those_of_status_h():
     C = native.module()
-    text = (COMMON / "status.h").read_text()
+    text = (CORE / "common" / "status.h").read_text()
     assert _members(C.StatusCode) == _enum(text, "StatusCode")
     assert _members(C.WaitSite) == _enum(text, "WaitSite")
 
@@ -38,7 +38,7 @@ def test_every_wait_site_has_a_description():
 
 
 def test_domain_disagrees_bit_is_that_of_flags_cuh():
-    text = (COMMON / "flags.cuh").read_text()
+    text = (CORE / "kernels" / "common" / "flags.cuh").read_text()
     shift = re.search(r"kDomainDisagrees\s*=\s*1ull\s*<<\s*(\d+);", text)[1]
     assert device_status.DOMAIN_DISAGREES == 1 << int(shift)
 
