@@ -5,21 +5,17 @@ test_gpu_nvshmem.py."""
 
 from __future__ import annotations
 
-from gpu_env import placement_param
-from gpu_specs import make_spec, report, spec_id
-from test_gpu_multi_domain import MATRIX
+from gpu_specs import domain_matrix_spec, report, run_under_env
+from test_gpu_multi_domain import matrix_params
 
 # (W, placement, R, case) of every multi-domain matrix case that fits eight ranks.
-MATRIX_PARAMS = [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}")
-                 for N, R, case in MATRIX if N * R <= 8]
+MATRIX_PARAMS = matrix_params(most_ranks=8)
 
 
 def run_matrix_case(gpu_pools, record_property, W, placement, R, case, environment: dict,
                     label: str) -> None:
-    spec = make_spec(W, **case)
-    spec["R"] = R
-    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
-                            environment=environment, case="dispatch_combine", spec=spec)
+    spec = domain_matrix_spec(W, R, case)
+    results = run_under_env(gpu_pools, W, placement, environment, "dispatch_combine", spec)
     report(record_property, results, label=f"{W // R}x{R} {label} tokens={spec['tokens']}")
 
 

@@ -43,10 +43,14 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize(
-    "W,placement,R,case",
-    [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}")
-     for N, R, case in MATRIX])
+def matrix_params(suffix: str = "", most_ranks: int | None = None) -> list:
+    """(W, placement, R, case) of the matrix cases (of at most ``most_ranks`` ranks), their ids
+    ending in ``suffix``: the matrix under another environment reuses them."""
+    return [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}{suffix}")
+            for N, R, case in MATRIX if most_ranks is None or N * R <= most_ranks]
+
+
+@pytest.mark.parametrize("W,placement,R,case", matrix_params())
 def test_dispatch_combine_domains(gpu_pools, record_property, W, placement, R, case):
     spec = domain_matrix_spec(W, R, case)
     results = gpu_pools.run(W, placement, "dispatch_combine", spec=spec)
@@ -59,14 +63,20 @@ PERMUTE = [(2, 2, "bf16", False, 16, "exact", False), (2, 2, "e4m3", True, None,
            (8, 1, "bf16", False, None, "exact", True)]
 
 
-@pytest.mark.parametrize(
-    "W,placement,R,extra",
-    [placement_param(N * R, "shared", R,
-                     {"dtype": dtype, "fused": fused, "pad": pad, "budget": budget,
-                      "non_blocking": nb},
-                     id_extra=f"{N}x{R}-{dtype}-{'fused' if fused else 'standalone'}-pad{pad}-"
-                              f"{budget}-{'nonblocking' if nb else 'blocking'}")
-     for N, R, dtype, fused, pad, budget, nb in PERMUTE])
+def permute_params(suffix: str = "", dtypes: tuple[str, ...] | None = None) -> list:
+    """(W, placement, R, extra) of the permute pairs (of ``dtypes``, default all), their ids
+    ending in ``suffix``."""
+    return [placement_param(N * R, "shared", R,
+                            {"dtype": dtype, "fused": fused, "pad": pad, "budget": budget,
+                             "non_blocking": nb},
+                            id_extra=f"{N}x{R}-{dtype}-{'fused' if fused else 'standalone'}-"
+                                     f"pad{pad}-{budget}-{'nonblocking' if nb else 'blocking'}"
+                                     f"{suffix}")
+            for N, R, dtype, fused, pad, budget, nb in PERMUTE
+            if dtypes is None or dtype in dtypes]
+
+
+@pytest.mark.parametrize("W,placement,R,extra", permute_params())
 def test_permute_domains(gpu_pools, record_property, W, placement, R, extra):
     spec = domain_permute_spec(W, R, extra)
     results = gpu_pools.run(W, placement, "permute_combine", module="gpu_permute_cases",
@@ -175,10 +185,7 @@ def test_two_buffers_domains(gpu_pools, record_property, W, placement, R):
 FP32_WIRE = {"HYBRID_EP_COMBINE_WIRE": "fp32"}
 
 
-@pytest.mark.parametrize(
-    "W,placement,R,case",
-    [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}-fp32wire")
-     for N, R, case in MATRIX])
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-fp32wire"))
 def test_dispatch_combine_domains_fp32_wire(gpu_pools, record_property, W, placement, R, case):
     """The matrix with HYBRID_EP_COMBINE_WIRE=fp32: the partials travel unrounded (the oracle,
     the reference engine under the same variable, and the round trip x * copies follow)."""
@@ -187,13 +194,7 @@ def test_dispatch_combine_domains_fp32_wire(gpu_pools, record_property, W, place
     report(record_property, results, label=f"{W // R}x{R} fp32 wire tokens={spec['tokens']}")
 
 
-@pytest.mark.parametrize(
-    "W,placement,R,extra",
-    [placement_param(N * R, "shared", R,
-                     {"dtype": dtype, "fused": fused, "pad": pad, "budget": budget,
-                      "non_blocking": nb},
-                     id_extra=f"{N}x{R}-{dtype}-{'fused' if fused else 'standalone'}-fp32wire")
-     for N, R, dtype, fused, pad, budget, nb in PERMUTE if dtype == "bf16"])
+@pytest.mark.parametrize("W,placement,R,extra", permute_params("-fp32wire", ("bf16",)))
 def test_permute_domains_fp32_wire(gpu_pools, record_property, W, placement, R, extra):
     spec = domain_permute_spec(W, R, extra)  # bf16 only: H 2064
     results = run_under_env(gpu_pools, W, placement, FP32_WIRE, "permute_combine", spec,

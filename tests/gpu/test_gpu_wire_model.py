@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import gpu_env
 import pytest
-from gpu_env import gpu_marks, placement_param
-from gpu_specs import domain_matrix_spec, domain_permute_spec, report, run_under_env, spec_id
-from test_gpu_multi_domain import CHUNK, MATRIX, PERMUTE
+from gpu_env import gpu_marks
+from gpu_specs import domain_matrix_spec, domain_permute_spec, report, run_under_env
+from test_gpu_multi_domain import CHUNK, matrix_params, permute_params
 
 pytestmark = gpu_marks
 
@@ -18,23 +18,14 @@ WIRE = "gbps=50,latency_us=3,op_ns=400,rails=2"
 UNDER_WIRE = {"HYBRID_EP_P2P_WIRE": WIRE, "HYBRID_EP_NUM_CHANNELS": "2"}
 
 
-@pytest.mark.parametrize(
-    "W,placement,R,case",
-    [placement_param(N * R, "shared", R, case, id_extra=f"{N}x{R}-{spec_id(case)}-wire")
-     for N, R, case in MATRIX])
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-wire"))
 def test_dispatch_combine_domains_under_wire(gpu_pools, record_property, W, placement, R, case):
     spec = domain_matrix_spec(W, R, case)
     results = run_under_env(gpu_pools, W, placement, UNDER_WIRE, "dispatch_combine", spec)
     report(record_property, results, label=f"{W // R}x{R} wire tokens={spec['tokens']}")
 
 
-@pytest.mark.parametrize(
-    "W,placement,R,extra",
-    [placement_param(N * R, "shared", R,
-                     {"dtype": dtype, "fused": fused, "pad": pad, "budget": budget,
-                      "non_blocking": nb},
-                     id_extra=f"{N}x{R}-{dtype}-{'fused' if fused else 'standalone'}-wire")
-     for N, R, dtype, fused, pad, budget, nb in PERMUTE])
+@pytest.mark.parametrize("W,placement,R,extra", permute_params("-wire"))
 def test_permute_domains_under_wire(gpu_pools, record_property, W, placement, R, extra):
     spec = domain_permute_spec(W, R, extra)
     results = run_under_env(gpu_pools, W, placement, UNDER_WIRE, "permute_combine", spec,
