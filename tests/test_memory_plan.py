@@ -10,6 +10,7 @@ import pytest
 
 import hybrid_ep
 from hybrid_ep import cli, native
+from hybrid_ep.config import receive_rows
 from hybrid_ep.memory_plan import NETWORK_FLAGS, NETWORK_TILES, REGIONS, padding
 
 TOPOLOGIES = [(1, 1), (2, 2), (4, 2), (8, 4), (16, 8)]
@@ -17,14 +18,16 @@ GRID = list(itertools.product(TOPOLOGIES, (1024, 7168), (128, 4096), (1, 8), ("b
 GRID_IDS = [f"W{w}R{r}-H{h}-T{t}-E{e}-{wire}" for (w, r), h, t, e, wire in GRID]
 
 
-def _runtime_bytes(world, ranks, hidden, tokens, experts, wire, chunk=64) -> int:
-    """Runtime::registered_bytes, what a Runtime of this config allocates."""
+def _runtime_bytes(world, ranks, hidden, tokens, experts, wire, chunk=64, cap=None) -> int:
+    """Runtime::registered_bytes, what a Runtime of this config allocates (with the receive
+    cap a HybridEPBuffer of max_num_of_tokens_for_experts=cap gives it)."""
     C = native.module()
     rc = C.RuntimeConfig()
     rc.world, rc.ranks, rc.nodes = world, ranks, world // ranks
     rc.hidden, rc.max_tokens, rc.experts_per_rank = hidden, tokens, experts
     rc.dispatch_chunk = chunk
     rc.combine_wire_fp32 = wire == "fp32"
+    rc.max_received = receive_rows(world, tokens, cap)
     return C.Runtime.bytes_for(rc)
 
 
@@ -67,8 +70,48 @@ def test_plan_is_not_bounded_by_the_engine_rank_limit():
     plan = hybrid_ep.memory_plan(512, 8, 7168, 4096, 8, combine_wire="bf16",
                                  num_of_tokens_per_chunk_dispatch_api=64)
     assert plan["total"] == _runtime_bytes(512, 8, 7168, 4096, 8, "bf16")
-    assert 100 * 2**30 < plan["total"] < 110 * 2**30, plan["total"]
+    # The default receive cap: 64 ranks' tokens, not all 512 (docs/usage.md).
+    assert plan["dispatch_rows"] == 64 * 4096 * 7168 * 2
+    assert 29 * 2**30 < plan["total"] < 30 * 2**30, plan["total"]
     assert 10 * 2**30 < plan["network"] < 12 * 2**30, plan["network"]
+
+
+RECEIVE_REGIONS = ("dispatch_rows", "dispatch_probs", "dispatch_scales", "combine_rows",
+                   "combine_probs")
+CAPS = [(1, 1, 16, None), (1, 1, 16, 1), (4, 2, 128, 100), (8, 4, 128, 128 * 8),
+        (16, 8, 64, 10**6), (64, 8, 64, None), (128, 8, 64, None), (512, 8, 4096, 8 * 4096)]
+
+
+@pytest.mark.parametrize("world,ranks,tokens,cap", CAPS,
+                         ids=[f"W{w}R{r}-T{t}-cap{c}" for w, r, t, c in CAPS])
+def test_receive_cap_sizes_the_receive_regions(world, ranks, tokens, cap):
+    """max_num_of_tokens_for_experts sizes the five receive regions (at most W x T rows; None:
+    min(W, 64) x T), as the runtime lays them out, and nothing else."""
+    hidden, experts = 1024, 4
+    plan = hybrid_ep.memory_plan(world, ranks, hidden, tokens, experts, combine_wire="bf16",
+                                 num_of_tokens_per_chunk_dispatch_api=64,
+                                 max_num_of_tokens_for_experts=cap)
+    assert plan["total"] == _runtime_bytes(world, ranks, hidden, tokens, experts, "bf16",
+                                           cap=cap)
+    rows = min(world, 64) * tokens if cap is None else min(cap, world * tokens)
+    prob_row, scale_row = 4 * experts * ranks, 4 * (hidden // 128)
+    assert [plan[name] for name in RECEIVE_REGIONS] == [
+        rows * 2 * hidden, rows * prob_row, rows * scale_row, rows * 4 * hidden, rows * prob_row]
+    uncapped = hybrid_ep.memory_plan(world, ranks, hidden, tokens, experts, combine_wire="bf16",
+                                     num_of_tokens_per_chunk_dispatch_api=64,
+                                     max_num_of_tokens_for_experts=world * tokens)
+    assert {k: v for k, v in plan.items() if k not in (*RECEIVE_REGIONS, "total")} == {
+        k: v for k, v in uncapped.items() if k not in (*RECEIVE_REGIONS, "total")}
+
+
+def test_receive_cap_target_config():
+    """Issue 39's target config: the five receive regions sized by 8 x 4096 rows."""
+    plan = hybrid_ep.memory_plan(512, 8, 7168, 4096, 8, max_num_of_tokens_for_experts=8 * 4096)
+    rows = 8 * 4096
+    assert plan["dispatch_rows"] == rows * 7168 * 2 and plan["combine_rows"] == rows * 7168 * 4
+    assert plan["dispatch_probs"] == plan["combine_probs"] == rows * 8 * 8 * 4
+    assert plan["dispatch_scales"] == rows * 56 * 4
+    assert sum(plan[name] for name in RECEIVE_REGIONS) < 1.5 * 2**30
 
 
 def test_defaults_follow_the_environment(monkeypatch):
@@ -102,6 +145,9 @@ BAD = [
      "num_of_tokens_per_chunk_dispatch_api=0"),
     ({"max_num_of_tokens_per_rank": 2**50}, ValueError, "max_num_of_tokens_per_rank="),
     ({"use_fp8": True}, TypeError, "'use_fp8'"),
+    ({"max_num_of_tokens_for_experts": 0}, ValueError, "max_num_of_tokens_for_experts=0"),
+    ({"max_num_of_tokens_for_experts": 8.5}, TypeError, "max_num_of_tokens_for_experts"),
+    ({"max_num_of_tokens_for_experts": True}, TypeError, "max_num_of_tokens_for_experts"),
 ]
 
 
@@ -126,6 +172,18 @@ def test_cli_prints_the_table(capsys, tmp_path):
     assert total[1] == f"{plan['total']:,}" and total[2] == f"{plan['total'] / 2**30:.3f}"
     assert lines[-2].split()[1] == f"{plan['network']:,}"
     assert json.loads(out.read_text()) == plan
+
+
+def test_cli_takes_the_receive_cap(capsys):
+    assert cli.main(["memory", "--world", "512", "--ranks-per-domain", "8", "--hidden", "7168",
+                     "--tokens", "4096", "--experts-per-rank", "8",
+                     "--max-tokens-for-experts", "32768"]) == 0
+    plan = hybrid_ep.memory_plan(512, 8, 7168, 4096, 8, max_num_of_tokens_for_experts=32768)
+    assert capsys.readouterr().out.splitlines()[-1].split()[1] == f"{plan['total']:,}"
+    with pytest.raises(SystemExit):
+        cli.main(["memory", "--world", "16", "--ranks-per-domain", "8", "--hidden", "7168",
+                  "--tokens", "4096", "--experts-per-rank", "8", "--max-tokens-for-experts", "0"])
+    assert "--max-tokens-for-experts" in capsys.readouterr().err
 
 
 def test_cli_rejects_a_bad_config(capsys):

@@ -100,7 +100,8 @@ def _memory(args) -> int:
     check_writable(args.json)
     try:
         plan = memory_plan(args.world, args.ranks_per_domain, args.hidden, args.tokens,
-                           args.experts_per_rank, combine_wire=args.combine_wire)
+                           args.experts_per_rank, combine_wire=args.combine_wire,
+                           max_num_of_tokens_for_experts=args.max_tokens_for_experts)
     except (TypeError, ValueError) as error:
         raise SystemExit(f"hybrid-ep memory: {error}") from None
     print(format_table(plan))
@@ -138,6 +139,9 @@ def main(argv=None) -> int:
                    help="max_num_of_tokens_per_rank")
     m.add_argument("--experts-per-rank", type=count_at_least(1), required=True,
                    help="num_local_experts")
+    m.add_argument("--max-tokens-for-experts", type=count_at_least(1), default=None,
+                   help="max_num_of_tokens_for_experts: rows of the receive regions (default: "
+                        "min(--world, 64) x --tokens)")
     m.add_argument("--combine-wire", choices=("bf16", "fp32"), default=None,
                    help="partial sums between domains (default: HYBRID_EP_COMBINE_WIRE, else bf16)")
     m.add_argument("--json", help="also write the plan (region -> bytes) to this JSON file")

@@ -272,6 +272,20 @@ def effective_env() -> list[tuple[EnvVar, str, str | None]]:
     return [(v, os.environ.get(v.name, v.default), errors.get(v.name)) for v in ENV_VARS]
 
 
+# Without max_num_of_tokens_for_experts the receive regions hold every token of up to this many
+# ranks: W*T rows, the worst case (nothing is ever dropped), in every group the CUDA engine runs
+# (at most 64 ranks); past that 64*T rows (docs/usage.md, "The receive cap").
+DEFAULT_RECEIVE_SOURCES = 64
+
+
+def receive_rows(world: int, tokens: int, max_num_of_tokens_for_experts: int | None) -> int:
+    """Rows of a rank's in-domain receive regions: ``max_num_of_tokens_for_experts``, or the
+    default (None), at most ``world * tokens`` (a rank receives each token at most once)."""
+    if max_num_of_tokens_for_experts is None:
+        return min(world, DEFAULT_RECEIVE_SOURCES) * tokens
+    return min(max_num_of_tokens_for_experts, world * tokens)
+
+
 @dataclass(frozen=True)
 class HybridEPConfig:
     """The buffer's template; a handle carries a copy with the call's fields filled in."""
@@ -295,6 +309,8 @@ class HybridEPConfig:
     num_of_stages_dispatch_api: int
     num_of_stages_g2s_combine_api: int
     num_channels: int
+    # The receive cap (the constructor's keyword): None, the default of receive_rows().
+    max_num_of_tokens_for_experts: int | None = None
     # Template values set by update_template_config; the call's own values win.
     pad_multiple: int = 1
     fuse_permute_dispatch: bool = False
@@ -312,6 +328,12 @@ class HybridEPConfig:
     @property
     def num_of_experts(self) -> int:
         return self.num_local_experts * self.group_size
+
+    @property
+    def received_rows(self) -> int:
+        """Rows this buffer's receive regions hold (the cap in effect, see receive_rows)."""
+        return receive_rows(self.group_size, self.max_num_of_tokens_per_rank,
+                            self.max_num_of_tokens_for_experts)
 
     def layout_key(self) -> tuple:
         """Fields a handle must share with the buffer to be usable with it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from . import native
 from . import validation as v
-from .config import env_choice, env_int
+from .config import env_choice, env_int, receive_rows
 from .topology import check_ranks_per_domain
 
 # BufferLayout's regions (csrc/hybrid_ep/memory/layout.h) in the order they lie in the buffer;
@@ -24,7 +24,8 @@ NETWORK_TILES = ("net_rows", "net_probs", "net_scales", "restriped_probs", "stag
                  "staged_scales", "partials", "partial_probs", "net_partials",
                  "net_partial_probs")
 NETWORK_FLAGS = ("network_flags", "combine_flags", "net_barrier_flags", "net_barrier_stamps")
-_OPTIONS = ("combine_wire", "num_of_tokens_per_chunk_dispatch_api")
+_OPTIONS = ("combine_wire", "num_of_tokens_per_chunk_dispatch_api",
+            "max_num_of_tokens_for_experts")
 _WIRES = ("bf16", "fp32")
 # Past this a region's size would no longer fit the layout's 64-bit arithmetic.
 _MAX_DOMINANT_BYTES = 2**58
@@ -52,6 +53,10 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
         bytes a value (default: HYBRID_EP_COMBINE_WIRE, else "bf16").
       num_of_tokens_per_chunk_dispatch_api: tokens per dispatch chunk, which sizes the flag
         tables (default: NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API, else 64).
+      max_num_of_tokens_for_experts: the receive cap, rows of the in-domain receive regions
+        (dispatch_rows, dispatch_probs, dispatch_scales, combine_rows, combine_probs), at most
+        world_size x max_num_of_tokens_per_rank (default: HybridEPBuffer's,
+        min(world_size, 64) x max_num_of_tokens_per_rank).
 
     It reports what the layout needs at any size: the CUDA engine's limit of 64 ranks per
     group does not apply. Unknown options raise TypeError; a bad value raises ValueError (or
@@ -77,6 +82,9 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
     if chunk is None:
         chunk = env_int("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", 64, 1, 4096)
     chunk = v.require_int("num_of_tokens_per_chunk_dispatch_api", chunk, minimum=1)
+    cap = options.get("max_num_of_tokens_for_experts")
+    if cap is not None:
+        cap = v.require_int("max_num_of_tokens_for_experts", cap, minimum=1)
     # Every region is at most a small multiple of this (rows x the widest per-row bytes).
     dominant = world * tokens * (world * experts + 8 * hidden + 8 * experts * ranks)
     if dominant > _MAX_DOMINANT_BYTES:
@@ -84,7 +92,7 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
                          f"hidden_dim={hidden}, num_local_experts={experts}: too large for the "
                          "layout's 64-bit sizes; expected a smaller config")
     sizes = native.module().buffer_layout(world, ranks, experts, tokens, hidden, chunk,
-                                          wire == "fp32")
+                                          wire == "fp32", receive_rows(world, tokens, cap))
     plan = {name: int(size) for name, size in sizes.items() if name != "total"}
     network = sum(plan[name] for name in NETWORK_TILES)
     if world // ranks > 1:
@@ -100,7 +108,8 @@ def plan_of_config(config, combine_wire: str) -> dict[str, int]:
                        config.max_num_of_tokens_per_rank, config.num_local_experts,
                        combine_wire=combine_wire,
                        num_of_tokens_per_chunk_dispatch_api=(
-                           config.num_of_tokens_per_chunk_dispatch_api))
+                           config.num_of_tokens_per_chunk_dispatch_api),
+                       max_num_of_tokens_for_experts=config.max_num_of_tokens_for_experts)
 
 
 def registered_bytes(config, combine_wire: str, cuda_engine) -> int:

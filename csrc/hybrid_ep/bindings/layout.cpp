@@ -20,11 +20,15 @@ namespace hybrid_ep {
 namespace {
 
 py::dict buffer_layout(int64_t world, int64_t ranks, int64_t experts_per_rank, int64_t max_tokens,
-                       int64_t hidden, int64_t dispatch_chunk, bool combine_wire_fp32) {
+                       int64_t hidden, int64_t dispatch_chunk, bool combine_wire_fp32,
+                       int64_t max_received) {
   // The Python layer names the argument; these only keep make() from dividing by zero.
   if (world < 1 || ranks < 1 || experts_per_rank < 1 || max_tokens < 1 || hidden < 1 ||
       dispatch_chunk < 1) {
     throw std::invalid_argument("buffer_layout: every count must be >= 1");
+  }
+  if (max_received < 0) {
+    throw std::invalid_argument("buffer_layout: max_received must be >= 0 (0: world x tokens)");
   }
   if (world % ranks != 0) {
     throw std::invalid_argument("buffer_layout: ranks must divide world");
@@ -43,6 +47,7 @@ py::dict buffer_layout(int64_t world, int64_t ranks, int64_t experts_per_rank, i
   config.hidden = int(hidden);
   config.dispatch_chunk = int(dispatch_chunk);
   config.combine_wire_fp32 = combine_wire_fp32;
+  config.max_received = max_received;
   const BufferShape shape = shape_of(config);
   const BufferLayout layout = BufferLayout::make(shape);
   py::dict out;
@@ -57,9 +62,10 @@ py::dict buffer_layout(int64_t world, int64_t ranks, int64_t experts_per_rank, i
 void register_layout(py::module_& m) {
   m.def("buffer_layout", &buffer_layout, py::arg("world"), py::arg("ranks"),
         py::arg("experts_per_rank"), py::arg("max_tokens"), py::arg("hidden"),
-        py::arg("dispatch_chunk"), py::arg("combine_wire_fp32"),
+        py::arg("dispatch_chunk"), py::arg("combine_wire_fp32"), py::arg("max_received") = 0,
         "Bytes of each region of the registered buffer a Runtime of this config allocates, in "
-        "layout order (without alignment padding), and 'total' (Runtime.bytes_for, with it).");
+        "layout order (without alignment padding), and 'total' (Runtime.bytes_for, with it). "
+        "max_received: rows of the in-domain receive regions (0: world x max_tokens).");
 }
 
 }  // namespace hybrid_ep

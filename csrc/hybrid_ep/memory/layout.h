@@ -18,10 +18,13 @@ struct BufferShape {
   int64_t max_scale_cols;    // FP8 scaling factors per row (H / 128)
   int64_t dispatch_chunk;    // tokens per dispatch chunk
   int64_t partial_bytes;     // bytes per value of the combine's partials between domains (2, 4)
+  // M: rows the in-domain receive regions hold (dispatch_*, combine_*), 1..W*T (W*T: every
+  // token of every rank routed here). Rows past it are dropped or grown (docs/memory.md).
+  int64_t max_received;
 
   int64_t experts_total() const { return experts_per_rank * world; }
   int64_t prob_cols() const { return experts_per_rank * ranks; }  // one domain's columns
-  int64_t max_rows() const { return world * max_tokens; }         // worst case received rows
+  int64_t max_rows() const { return world * max_tokens; }         // every rank's tokens (W*T)
   int64_t max_chunks() const { return (max_tokens + dispatch_chunk - 1) / dispatch_chunk; }
   int64_t nodes() const { return world / ranks; }
   // The flag tables' shapes (memory/flag_tables.h), at the buffer's chunk count.
@@ -40,12 +43,13 @@ struct BufferLayout {
   // overwrite a stamp not read yet).
   size_t barrier_stamps;
   size_t net_barrier_stamps;
-  size_t dispatch_rows;    // [W*T, row bytes]: rows dispatched to this rank
-  size_t dispatch_probs;   // fp32 [W*T, E*R]
-  size_t dispatch_scales;  // fp32 [W*T, H/128]
-  size_t combine_rows;     // [W*T, 2 x row bytes]: this rank's combine input (BF16 rows, or the
+  // The in-domain receive regions, of M = BufferShape::max_received rows.
+  size_t dispatch_rows;    // [M, row bytes]: rows dispatched to this rank
+  size_t dispatch_probs;   // fp32 [M, E*R]
+  size_t dispatch_scales;  // fp32 [M, H/128]
+  size_t combine_rows;     // [M, 2 x row bytes]: this rank's combine input (BF16 rows, or the
                            // fp32 sums of the unpermute path), pulled by peers
-  size_t combine_probs;    // fp32 [W*T, E*R]
+  size_t combine_probs;    // fp32 [M, E*R]
   // Several domains only (empty with one): receive tiles from the peer of each domain, and the
   // local sources of this rank's puts (registered, as RDMA transports need).
   size_t net_rows;           // [N, T, row bytes]: dispatched rows from the peer of domain n
@@ -78,6 +82,7 @@ struct BufferLayout {
   static void for_each_region(const BufferShape& s, Visit&& visit) {
     const size_t u64 = sizeof(uint64_t), f32 = sizeof(float);
     const size_t rows = static_cast<size_t>(s.max_rows());
+    const size_t received = static_cast<size_t>(s.max_received);
     const size_t nodes = size_t(s.nodes()), ranks = size_t(s.ranks);
     const FlagTables flags = s.flag_shapes();
     const size_t prob_row = s.prob_cols() * f32, scale_row = s.max_scale_cols * f32;
@@ -89,11 +94,11 @@ struct BufferLayout {
     visit("call_stamps", &BufferLayout::call_stamps, u64 * s.world);
     visit("barrier_stamps", &BufferLayout::barrier_stamps, u64 * 2 * ranks);
     visit("net_barrier_stamps", &BufferLayout::net_barrier_stamps, u64 * 2 * nodes);
-    visit("dispatch_rows", &BufferLayout::dispatch_rows, rows * s.max_row_bytes);
-    visit("dispatch_probs", &BufferLayout::dispatch_probs, rows * prob_row);
-    visit("dispatch_scales", &BufferLayout::dispatch_scales, rows * scale_row);
-    visit("combine_rows", &BufferLayout::combine_rows, rows * s.max_row_bytes * 2);
-    visit("combine_probs", &BufferLayout::combine_probs, rows * prob_row);
+    visit("dispatch_rows", &BufferLayout::dispatch_rows, received * s.max_row_bytes);
+    visit("dispatch_probs", &BufferLayout::dispatch_probs, received * prob_row);
+    visit("dispatch_scales", &BufferLayout::dispatch_scales, received * scale_row);
+    visit("combine_rows", &BufferLayout::combine_rows, received * s.max_row_bytes * 2);
+    visit("combine_probs", &BufferLayout::combine_probs, received * prob_row);
     visit("net_rows", &BufferLayout::net_rows, tiles * s.max_row_bytes);
     visit("net_probs", &BufferLayout::net_probs, tiles * prob_row);
     visit("net_scales", &BufferLayout::net_scales, tiles * scale_row);

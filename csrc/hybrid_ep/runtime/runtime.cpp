@@ -27,6 +27,8 @@ int ring_stages(int wanted, int minimum, size_t stage_bytes, size_t reserved, in
 }  // namespace
 
 BufferShape shape_of(const RuntimeConfig& config) {
+  const int64_t worst = int64_t(config.world) * config.max_tokens;
+  const int64_t received = config.max_received > 0 ? std::min(config.max_received, worst) : worst;
   return BufferShape{config.world,
                      config.ranks,
                      config.experts_per_rank,
@@ -34,7 +36,8 @@ BufferShape shape_of(const RuntimeConfig& config) {
                      int64_t(config.hidden) * 2,
                      config.hidden / 128,
                      config.dispatch_chunk,
-                     config.combine_wire_fp32 ? 4 : 2};
+                     config.combine_wire_fp32 ? 4 : 2,
+                     received};
 }
 
 Runtime::Runtime(const RuntimeConfig& config) : config_(config) {

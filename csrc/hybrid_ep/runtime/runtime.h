@@ -28,6 +28,9 @@ struct RuntimeConfig {
   int local_rank = 0;
   int experts_per_rank = 1;
   int max_tokens = 1;
+  // Rows of the in-domain receive regions (max_num_of_tokens_for_experts); 0, or more than
+  // world * max_tokens: world * max_tokens, the worst case.
+  int64_t max_received = 0;
   int hidden = 16;  // widest hidden the buffer holds (BF16 rows)
   int dispatch_chunk = 64;
   int combine_chunk = 64;
