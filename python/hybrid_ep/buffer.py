@@ -48,7 +48,7 @@ class HybridEPBuffer:
                  num_sms_preprocessing_api=None, num_blocks_permute=None,
                  num_blocks_unpermute=None, load_cached_kernels=False, use_shared_buffer=True,
                  enable_custom_allgather=False, num_of_hybrid_ep_ranks_per_nvlink_domain=None,
-                 use_mnnvl=None):
+                 use_mnnvl=None, max_num_of_tokens_for_experts=None):
         if not dist.is_initialized():
             raise RuntimeError("group: torch.distributed is not initialised; call "
                                "torch.distributed.init_process_group first")
@@ -61,6 +61,10 @@ class HybridEPBuffer:
         max_tokens = v.require_int("max_num_of_tokens_per_rank", max_num_of_tokens_per_rank,
                                    minimum=1)
         experts = v.require_int("num_local_experts", num_local_experts, minimum=1)
+        # The receive cap (docs/usage.md, "The receive cap"); None: the default.
+        if max_num_of_tokens_for_experts is not None:
+            max_num_of_tokens_for_experts = v.require_int(
+                "max_num_of_tokens_for_experts", max_num_of_tokens_for_experts, minimum=1)
         if not isinstance(use_fp8, bool):
             raise TypeError(f"use_fp8: expected a bool, got {use_fp8!r}")
         if use_fp8 and hidden_dim % v.FP8_BLOCK != 0:
@@ -73,10 +77,13 @@ class HybridEPBuffer:
         self.group_size = dist.get_world_size(group)
         # Construction is collective: agree on the shape of the problem and find the domains.
         facts = local_facts() | {"hidden_dim": hidden_dim, "max_tokens": max_tokens,
-                                 "num_local_experts": experts}
+                                 "num_local_experts": experts,
+                                 "max_num_of_tokens_for_experts": max_num_of_tokens_for_experts}
         everyone = self._rendezvous.gather(CONSTRUCTION, facts)
         self._call_agreed = True
-        for key, arg in (("hidden_dim", "hidden_dim"), ("num_local_experts", "num_local_experts")):
+        # Every rank computes every destination's drops, so the cap is the group's.
+        for key, arg in (("hidden_dim", "hidden_dim"), ("num_local_experts", "num_local_experts"),
+                         ("max_num_of_tokens_for_experts", "max_num_of_tokens_for_experts")):
             values = [f[key] for f in everyone]
             if len(set(values)) != 1:
                 raise ValueError(f"{arg}: ranks disagree ({values}); every rank must pass the "
@@ -125,6 +132,7 @@ class HybridEPBuffer:
             num_of_stages_dispatch_api=env.stages_dispatch,
             num_of_stages_g2s_combine_api=env.stages_g2s_combine,
             num_channels=env.num_channels,
+            max_num_of_tokens_for_experts=max_num_of_tokens_for_experts,
         )
         self._reference = self._new_reference(experts, self._new_sends())
         self._cuda_engine = None
@@ -268,6 +276,16 @@ class HybridEPBuffer:
             if self._cuda_engine is not None:
                 self._cuda_engine.reset_transport_counters()
         return stats
+
+    def dropped_rows(self) -> torch.Tensor:
+        """int32 ``[1]``: rows routed to this rank that its receive cap
+        (``max_num_of_tokens_for_experts``) dropped in its last dispatch that built a layout
+        (a call without a handle), on that call's device. Only a non-blocking call drops (a
+        blocking one grows the buffer instead and leaves 0); the count stays on the device, so
+        reading it (``.item()``) synchronises. A zero CPU tensor before any dispatch."""
+        engine = getattr(self, "_call_engine", None)
+        dropped = getattr(engine, "dropped_rows", None)
+        return dropped if dropped is not None else torch.zeros(1, dtype=torch.int32)
 
     def registered_bytes(self) -> int:
         """Bytes of this rank's registered buffer: the CUDA engine's, as allocated now (a grown
@@ -453,6 +471,11 @@ class HybridEPBuffer:
             tokens = v.require_int("num_of_tokens_per_rank", num_of_tokens_per_rank, minimum=1)
             changes["max_num_of_tokens_per_rank"] = max(tokens,
                                                         self.config.max_num_of_tokens_per_rank)
+        cap = kwargs.pop("max_num_of_tokens_for_experts", None)
+        if cap is not None:
+            cap = v.require_int("max_num_of_tokens_for_experts", cap, minimum=1)
+            if cap > self.config.received_rows:  # capacity only grows
+                changes["max_num_of_tokens_for_experts"] = cap
         if num_local_experts is not None:
             experts = v.require_int("num_local_experts", num_local_experts, minimum=1)
             if experts != self.config.num_local_experts:
@@ -469,7 +492,8 @@ class HybridEPBuffer:
             if compat.check_template_kwarg(key, value):
                 continue
             if key not in _TUNABLE_FIELDS:
-                known = _TUNABLE_FIELDS + tuple(compat.UPDATE_TEMPLATE_CONFIG)
+                known = (_TUNABLE_FIELDS + ("max_num_of_tokens_for_experts",)
+                         + tuple(compat.UPDATE_TEMPLATE_CONFIG))
                 raise TypeError(f"update_template_config: unknown argument {key!r}; expected one "
                                 f"of {', '.join(known)}")
             changes[key] = v.require_int(key, value, minimum=1)

@@ -18,7 +18,7 @@ from . import native, transport_bootstrap, transport_connect, transport_options
 from .call_stamp import CallStamp
 from .config import EnvSettings, HybridEPConfig
 from .device_status import raise_for_status
-from .engines import NeedsGrowth
+from .engines import RECEIVED, NeedsGrowth
 from .errors import HybridEPMismatchError, HybridEPTimeoutError
 from .layouts import DispatchLayout, PermuteLayout, ceil_div
 from .operations import Engine
@@ -88,6 +88,7 @@ class CudaEngine(Engine):
         rc.local_rank = self.topo.local_rank
         rc.experts_per_rank = config.num_local_experts
         rc.max_tokens = config.max_num_of_tokens_per_rank
+        rc.max_received = config.received_rows
         rc.hidden = config.hidden_dim
         rc.dispatch_chunk = config.num_of_tokens_per_chunk_dispatch_api
         rc.combine_chunk = config.num_of_tokens_per_chunk_combine_api
@@ -181,6 +182,7 @@ class CudaEngine(Engine):
         parameters); the caller rebuilds at the next CUDA call, on every rank alike."""
         c = self.config
         return (c.max_num_of_tokens_per_rank >= config.max_num_of_tokens_per_rank
+                and c.received_rows >= config.received_rows
                 and c.hidden_dim >= config.hidden_dim
                 and all(getattr(c, f) == getattr(config, f) for f in self._LAUNCH_FIELDS))
 
@@ -221,11 +223,13 @@ class CudaEngine(Engine):
 
     # -- preprocessing ---------------------------------------------------------------------------
     def preprocess(self, routing_map: torch.Tensor, tokens: int, blocking: bool = True,
-                   expert_counts: bool = False):
+                   expert_counts: bool = False, received: int | None = None):
         """Launches the routing all-gather and the metadata kernels. Blocking calls read the
         dispatched count (and, with ``expert_counts``, the rows per local expert that size a
         permuted output) at their one host synchronisation, after the dispatch launch; a
-        non-blocking call never waits and leaves the count on the device."""
+        non-blocking call never waits and leaves the count on the device. Rows past the
+        buffer's receive cap (``received``, as the runtime was built with) are dropped on the
+        device, and counted in the layout's ``dropped_rows``; a blocking call then grows."""
         self.check_status()
         if tokens != self.config.max_num_of_tokens_per_rank:
             raise RuntimeError(f"internal: preprocess for {tokens} tokens on a buffer of "
@@ -241,14 +245,16 @@ class CudaEngine(Engine):
         lerm = torch.zeros(T * topo.group_size, E, dtype=torch.bool, device=dev)
         chunks = ceil_div(T, self.config.num_of_tokens_per_chunk_dispatch_api)
         chunk_layout = torch.empty(topo.group_size * chunks + 1, dtype=torch.int32, device=dev)
+        dropped = torch.empty(1, dtype=torch.int32, device=dev)
         rmap = routing_map.contiguous()
         self.runtime.preprocess(rmap.data_ptr(), rmap.shape[0], s2d.data_ptr(), r2a.data_ptr(),
                                 a2r.data_ptr(), ndt.data_ptr(), lerm.data_ptr(),
-                                chunk_layout.data_ptr(), self._stream())
+                                chunk_layout.data_ptr(), dropped.data_ptr(), self._stream())
         self._counts_pending = blocking and expert_counts
         if self._counts_pending:
             self._expert_counts.copy_(lerm.sum(0, dtype=torch.int32), non_blocking=True)
-        layout = DispatchLayout(s2d, r2a, a2r, ndt, lerm, None, dense_chunk_layout=chunk_layout)
+        layout = DispatchLayout(s2d, r2a, a2r, ndt, lerm, None, dense_chunk_layout=chunk_layout,
+                                dropped_rows=dropped)
         self._preprocessed = True
         if blocking:
             # The dispatched count and the token maximum are read after the dispatch kernel is
@@ -259,13 +265,16 @@ class CudaEngine(Engine):
 
     def _read_summary(self, layout: DispatchLayout) -> None:
         """Blocking mode's one host synchronisation: the output size, and whether some rank had
-        more tokens than the buffer holds (then the launched work used truncated but consistent
-        layouts, and the caller grows and redoes the call)."""
+        more tokens than the buffer holds or was routed more rows than its receive regions hold
+        (then the launched work used truncated but consistent layouts, and the caller grows and
+        redoes the call)."""
         self._summary_ready.synchronize()
         self.check_status()
-        dispatched, needed, own_begin, own_end = self.runtime.summary()
+        dispatched, needed, own_begin, own_end, routed = self.runtime.summary()
         if needed > self.config.max_num_of_tokens_per_rank:
             raise NeedsGrowth(int(needed))
+        if routed > self.config.received_rows:
+            raise NeedsGrowth(int(routed), RECEIVED)
         layout.num_dispatched_tokens = int(dispatched)
         layout.own_rows = (int(own_begin), int(own_end))
         if self._counts_pending:

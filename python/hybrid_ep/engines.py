@@ -6,15 +6,22 @@ import torch
 
 from . import native
 
+# The capacities a call can outgrow, by their HybridEPConfig field.
+TOKENS = "max_num_of_tokens_per_rank"
+RECEIVED = "max_num_of_tokens_for_experts"
+
 
 class NeedsGrowth(Exception):
     """An engine found, after launching work, that some rank has more tokens than the buffer
-    holds; the buffer grows (collectively: every rank sees the same counts) and redoes the call.
+    holds (``field`` TOKENS) or is routed more rows than its receive regions hold (RECEIVED);
+    the buffer grows that capacity to ``needed`` (collectively: every rank sees the same
+    counts) and redoes the call.
     """
 
-    def __init__(self, needed: int):
-        super().__init__(needed)
+    def __init__(self, needed: int, field: str = TOKENS):
+        super().__init__(needed, field)
         self.needed = needed
+        self.field = field
 
 
 def select_engine(mode: str, device: torch.device, reference, cuda_engine):

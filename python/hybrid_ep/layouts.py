@@ -31,6 +31,9 @@ class DispatchLayout:
     # CUDA engine, blocking calls: rows [begin, end) of the dispatch order that are this rank's
     # own tokens (read at the one sync); inside one domain they skip the registered buffer.
     own_rows: tuple[int, int] | None = None
+    # int32 [1] on the call's device: rows routed to this rank past the receive cap, dropped
+    # (non-blocking calls; a blocking call grows instead and leaves 0). None with a handle.
+    dropped_rows: torch.Tensor | None = None
 
 
 @dataclass

@@ -15,7 +15,7 @@ import torch
 
 from . import handle as handles
 from . import validation as v
-from .engines import NeedsGrowth
+from .engines import RECEIVED, TOKENS, NeedsGrowth
 from .requests import CombineInputRequest, CombineRequest, DispatchRequest, Request
 
 
@@ -26,6 +26,9 @@ class Engine:
     # Whether fuse_permute_dispatch / fuse_unpermute_combine run fused here (the CUDA engine's
     # grids); an engine with one way to compute the outputs ignores them.
     fuses = False
+    # int32 [1]: rows the receive cap dropped in this rank's last dispatch that built its
+    # layout (HybridEPBuffer.dropped_rows); None before one.
+    dropped_rows = None
 
     # -- the operations ------------------------------------------------------------------------
     def dispatch(self, req: DispatchRequest):
@@ -128,13 +131,14 @@ class Engine:
             return rows, layout, tokens, None
         routing_map = req.routing_map.contiguous()
         while True:
-            layout, routing, tokens = self._layout(req, routing_map, keep_in_buffer)
             try:
+                layout, routing, tokens = self._layout(req, routing_map, keep_in_buffer)
                 rows = self.move_rows(hidden, probs, scales, layout, tokens,
                                       keep_in_buffer=keep_in_buffer, fused_permute=fused_permute)
-            except NeedsGrowth as growth:  # found by the CUDA engine after its launches
-                self._grow(req, growth.needed)
+            except NeedsGrowth as growth:  # found after the launches (CUDA) or the layout
+                self._grow(req, growth.needed, growth.field)
                 continue
+            self.dropped_rows = layout.dropped_rows
             self.count_dispatch_sends(req.config, layout, tokens, hidden, probs, scales)
             return rows, layout, tokens, routing
 
@@ -145,18 +149,23 @@ class Engine:
             tokens = req.config.max_num_of_tokens_per_rank
             layout, routing, needed = self.preprocess(routing_map, tokens,
                                                       blocking=not req.non_blocking,
-                                                      expert_counts=expert_counts)
+                                                      expert_counts=expert_counts,
+                                                      received=req.config.received_rows)
             if needed <= tokens:
                 return layout, routing, tokens
             # Every rank saw the same gathered counts, so every rank grows here together.
             self._grow(req, needed)
 
-    def _grow(self, req: DispatchRequest, needed: int) -> None:
-        warnings.warn(f"HybridEPBuffer: growing max_num_of_tokens_per_rank from "
-                      f"{req.config.max_num_of_tokens_per_rank} to {needed} (collective, slow); "
-                      "size the buffer for the largest batch to avoid this", RuntimeWarning,
+    def _grow(self, req: DispatchRequest, needed: int, field: str = TOKENS) -> None:
+        """Raises the config's ``field`` (a NeedsGrowth field) to ``needed``, collectively."""
+        config = req.config
+        now = config.received_rows if field == RECEIVED else config.max_num_of_tokens_per_rank
+        advice = ("size the buffer for the largest batch" if field == TOKENS else
+                  "pass a larger max_num_of_tokens_for_experts")
+        warnings.warn(f"HybridEPBuffer: growing {field} from {now} to {needed} (collective, "
+                      f"slow); {advice} to avoid this", RuntimeWarning,
                       stacklevel=_caller_level())
-        req.config = req.config.replace(max_num_of_tokens_per_rank=needed)
+        req.config = config.replace(**{field: needed})
         self.grow(req.config)
 
     def permute_received(self, moved, layout, pad_multiple: int, num_permuted_tokens):

@@ -67,6 +67,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("local_rank", &RuntimeConfig::local_rank)
       .def_readwrite("experts_per_rank", &RuntimeConfig::experts_per_rank)
       .def_readwrite("max_tokens", &RuntimeConfig::max_tokens)
+      .def_readwrite("max_received", &RuntimeConfig::max_received)
       .def_readwrite("hidden", &RuntimeConfig::hidden)
       .def_readwrite("dispatch_chunk", &RuntimeConfig::dispatch_chunk)
       .def_readwrite("combine_chunk", &RuntimeConfig::combine_chunk)
@@ -176,16 +177,17 @@ void register_runtime(py::module_& m) {
       .def("summary",
            [](const Runtime& r) {
              const PreprocessSummary& s = r.host_summary();
-             return py::make_tuple(s.dispatched, s.largest, s.own_begin, s.own_end);
+             return py::make_tuple(s.dispatched, s.largest, s.own_begin, s.own_end,
+                                   s.largest_received);
            })
       .def("preprocess",
            [](Runtime& r, uintptr_t routing_map, int num_tokens, uintptr_t s2d, uintptr_t r2a,
               uintptr_t a2r, uintptr_t num_dispatched, uintptr_t lerm, uintptr_t chunk_layout,
-              uintptr_t stream) {
+              uintptr_t dropped, uintptr_t stream) {
              run_preprocess(r,
                             {ptr<const uint8_t>(routing_map), num_tokens, ptr<int32_t>(s2d),
                              ptr<bool>(r2a), ptr<bool>(a2r), ptr<int32_t>(num_dispatched),
-                             ptr<bool>(lerm), ptr<int32_t>(chunk_layout)},
+                             ptr<bool>(lerm), ptr<int32_t>(chunk_layout), ptr<int32_t>(dropped)},
                             stream_of(stream));
            })
       .def("dispatch",

@@ -28,11 +28,13 @@ struct PreprocessCall {
   int32_t* num_dispatched_tokens;
   bool* local_expert_routing_map;
   int32_t* dense_chunk_layout;  // [W*C + 1] or null
+  int32_t* dropped_rows;        // [1] or null: rows routed to this rank past its receive cap
 };
 
 // All-gather the routing over the domain, then the metadata kernels. Afterwards
-// runtime.host_summary() holds the dispatched rows, the largest token count of any rank and
-// the range of this rank's own rows, once the stream reaches this point.
+// runtime.host_summary() holds the dispatched rows, the largest token count of any rank, the
+// most rows routed to any rank and the range of this rank's own rows, once the stream reaches
+// this point.
 void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t stream);
 
 struct DispatchCall {

@@ -40,6 +40,7 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   meta.token_counts = reinterpret_cast<const uint64_t*>(runtime.registered() + l.token_counts);
   meta.call_stamps = reinterpret_cast<const uint64_t*>(runtime.registered() + l.call_stamps);
   meta.max_tokens = c.max_tokens;
+  meta.max_received = int(runtime.shape().max_received);
   meta.experts_per_rank = c.experts_per_rank;
   meta.dest_masks = runtime.dest_masks();
   meta.sparse_to_dense_map = call.sparse_to_dense_map;
@@ -48,6 +49,7 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
   meta.num_dispatched_tokens = call.num_dispatched_tokens;
   meta.local_expert_routing_map = call.local_expert_routing_map;
   meta.dense_chunk_layout = call.dense_chunk_layout;
+  meta.dropped_rows = call.dropped_rows;
   meta.chunk = c.dispatch_chunk;
   meta.summary = runtime.device_summary();
   launch_metadata(meta, c.sms_preprocessing, stream);

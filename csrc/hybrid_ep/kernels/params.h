@@ -69,8 +69,10 @@ struct RestripeParams {
 // What the metadata kernel leaves for the host (host-mapped), read at a blocking call's one
 // synchronisation.
 struct PreprocessSummary {
-  int64_t dispatched;  // rows this rank receives (D)
+  int64_t dispatched;  // rows this rank receives (D, at most the receive cap M)
   int64_t largest;     // the largest token count of any rank (more than T: grow)
+  // The most rows any rank of the group is routed, before the cap (more than M: grow).
+  int64_t largest_received;
   // Rows [own_begin, own_end) of this rank's dispatch order are its own tokens (rows are in
   // source order).
   int64_t own_begin, own_end;
@@ -82,6 +84,7 @@ struct MetadataParams {
   const uint64_t* token_counts;  // [W]
   const uint64_t* call_stamps;   // [W]: every rank's stamp, compared with this rank's
   int max_tokens;                // T
+  int max_received;              // M: rows of the receive regions; rows past it are dropped
   int experts_per_rank;          // E
   uint64_t* dest_masks;          // scratch [W*T]: bit d = token goes to rank d (W <= 64)
   // Outputs (handle tensors, see docs/semantics.md).
@@ -91,6 +94,7 @@ struct MetadataParams {
   int32_t* num_dispatched_tokens;  // [1]
   bool* local_expert_routing_map;  // [W*T, E], zero-filled beforehand
   int32_t* dense_chunk_layout;     // [W*C + 1]: first row of each (source, chunk), then D
+  int32_t* dropped_rows;           // [1] or null: rows routed here past M, dropped
   int chunk;                       // dispatch tokens per chunk (C = ceil(T / chunk))
   PreprocessSummary* summary;      // host-mapped
 };

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..call_stamp import CallStamp, mismatch_message
+from ..engines import RECEIVED, NeedsGrowth
 from ..errors import HybridEPMismatchError
 from ..operations import Engine
 from ..topology import Topology
@@ -50,12 +51,15 @@ class ReferenceEngine(Engine):
 
     # -- collectives of a call -------------------------------------------------------------
     def preprocess(self, routing_map: torch.Tensor, tokens: int, blocking: bool = True,
-                   expert_counts: bool = False):
+                   expert_counts: bool = False, received: int | None = None):
         """All-gather the routing (padded to ``tokens`` rows) and derive this rank's layout
-        (``blocking`` and ``expert_counts`` matter to the CUDA engine only).
+        (``expert_counts`` matters to the CUDA engine only), with rows past ``received`` (the
+        receive cap; None: none) dropped as the CUDA engine drops them.
 
         Returns (layout, gathered routing, largest token count of any rank); when that count
-        exceeds ``tokens`` the caller grows the buffer and calls again.
+        exceeds ``tokens`` the caller grows the buffer and calls again. A ``blocking`` call
+        that routes some rank more rows than ``received`` raises NeedsGrowth instead of
+        dropping them (every rank sees the same gathered routing, so every rank raises).
         """
         if self._largest_tokens is None:
             raise RuntimeError("internal: preprocess before the call's agreement")
@@ -63,7 +67,11 @@ class ReferenceEngine(Engine):
         if needed > tokens:
             return None, None, needed
         gathered = all_gather_rows(routing_map.cpu(), tokens, self.group)
-        layout = layouts.dispatch_layout(gathered, self.topo, self.experts)
+        if blocking and received is not None:
+            routed = layouts.largest_received(gathered, self.experts)
+            if routed > received:
+                raise NeedsGrowth(routed, RECEIVED)
+        layout = layouts.dispatch_layout(gathered, self.topo, self.experts, received)
         return layout, gathered, needed
 
     def grow(self, config) -> None:
@@ -157,7 +165,8 @@ class ReferenceEngine(Engine):
     def chunk_layout(self, layout, routing, config) -> torch.Tensor:
         """The preprocess builds none here: computed from the gathered routing."""
         return layouts.dense_chunk_layout(routing, self.topo, config.num_local_experts,
-                                          config.num_of_tokens_per_chunk_dispatch_api)
+                                          config.num_of_tokens_per_chunk_dispatch_api,
+                                          config.received_rows)
 
     def permute_plan(self, layout: layouts.DispatchLayout, pad_multiple: int,
                      num_permuted_tokens: int | None) -> layouts.PermuteLayout:

@@ -12,15 +12,27 @@ from ..layouts import DispatchLayout, PermuteLayout, ceil_div
 from ..topology import Topology
 
 
-def dispatch_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: int) -> DispatchLayout:
-    """``routing``: bool [W, T, E_total], every rank's map zero-padded to the buffer's T."""
+def largest_received(routing: torch.Tensor, experts_per_rank: int) -> int:
+    """The most rows any rank is routed (before a receive cap), from bool [W, T, E_total]."""
+    world, tokens, _ = routing.shape
+    to_rank = routing.view(world, tokens, world, experts_per_rank).any(-1)  # [W, T, W]
+    return int(to_rank.sum((0, 1)).max())
+
+
+def dispatch_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: int,
+                    received: int | None = None) -> DispatchLayout:
+    """``routing``: bool [W, T, E_total], every rank's map zero-padded to the buffer's T.
+    Rows at or past ``received`` (the receive cap; None: none) in a destination are dropped:
+    -1 in the sparse-to-dense map, not counted in D, no local experts."""
     world, tokens, _ = routing.shape
     ranks, nodes = topo.ranks_per_domain, topo.num_of_nodes
     me, my_node, my_local = topo.rank, topo.node_rank, topo.local_rank
+    cap = world * tokens if received is None else received
 
     to_rank = routing.view(world, tokens, world, experts_per_rank).any(-1)  # [W, T, W]
     flat = to_rank.reshape(world * tokens, world).to(torch.int32)
-    row_in_dest = torch.where(flat.bool(), flat.cumsum(0, dtype=torch.int32) - 1, -1)
+    row_in_dest = flat.cumsum(0, dtype=torch.int32) - 1
+    row_in_dest = torch.where(flat.bool() & (row_in_dest < cap), row_in_dest, -1)
     row_in_dest = row_in_dest.view(world, tokens, world)
 
     dev = routing.device
@@ -35,11 +47,13 @@ def dispatch_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: int
     attn_to_rdma = to_node[me][:, other_nodes].contiguous()
 
     mine = to_rank[:, :, me].reshape(-1)
-    dispatched = int(mine.sum())
+    routed = int(mine.sum())
+    dispatched = min(routed, cap)
     local_experts = routing[:, :, me * experts_per_rank:(me + 1) * experts_per_rank]
     local_expert_routing = torch.zeros(world * tokens, experts_per_rank, dtype=torch.bool,
                                        device=dev)
-    local_expert_routing[:dispatched] = local_experts.reshape(world * tokens, -1)[mine]
+    local_expert_routing[:dispatched] = (
+        local_experts.reshape(world * tokens, -1)[mine][:dispatched])
 
     return DispatchLayout(
         sparse_to_dense_map=sparse_to_dense.contiguous(),
@@ -49,12 +63,14 @@ def dispatch_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: int
                                                   device=dev),
         local_expert_routing_map=local_expert_routing,
         num_dispatched_tokens=dispatched,
+        dropped_rows=torch.tensor([routed - dispatched], dtype=torch.int32, device=dev),
     )
 
 
 def dense_chunk_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: int,
-                       chunk: int) -> torch.Tensor:
-    """int32 [W*C + 1]: first dispatch row of each (source rank, chunk), then D."""
+                       chunk: int, received: int | None = None) -> torch.Tensor:
+    """int32 [W*C + 1]: first dispatch row of each (source rank, chunk), then D; rows past
+    ``received`` (the receive cap) dropped, so no entry exceeds it."""
     world, tokens, _ = routing.shape
     me = topo.rank
     mine = routing[:, :, me * experts_per_rank:(me + 1) * experts_per_rank].any(-1)  # [W, T]
@@ -64,7 +80,7 @@ def dense_chunk_layout(routing: torch.Tensor, topo: Topology, experts_per_rank: 
     per_chunk = padded.view(world * chunks, chunk).sum(-1)
     starts = torch.zeros(world * chunks + 1, dtype=torch.int32, device=routing.device)
     starts[1:] = per_chunk.cumsum(0)
-    return starts
+    return starts if received is None else starts.clamp(max=received)
 
 
 def padded_total(raw_counts: torch.Tensor, pad_multiple: int) -> int:
