@@ -237,6 +237,13 @@ CONSTRUCT_CASES = {
     "ranks_per_domain_argument_not_dividing": (
         lambda g: _construct(g, num_of_hybrid_ep_ranks_per_nvlink_domain=3),
         ("num_of_hybrid_ep_ranks_per_nvlink_domain",)),
+    "receive_cap_zero": (lambda g: _construct(g, max_num_of_tokens_for_experts=0),
+                         ("max_num_of_tokens_for_experts=0",)),
+    "receive_cap_not_an_int": (lambda g: _construct(g, max_num_of_tokens_for_experts=2.5),
+                               ("max_num_of_tokens_for_experts",)),
+    "receive_cap_differs_between_ranks": (
+        lambda g: _construct(g, max_num_of_tokens_for_experts=16 + rank()),
+        ("max_num_of_tokens_for_experts: ranks disagree",)),
 }
 
 # Malformed environment variables: construction raises and names the variable.
