@@ -280,7 +280,8 @@ class HybridEPBuffer:
     def dropped_rows(self) -> torch.Tensor:
         """int32 ``[1]``: rows routed to this rank that its receive cap
         (``max_num_of_tokens_for_experts``) dropped in its last dispatch that built a layout
-        (a call without a handle), on that call's device. Only a non-blocking call drops (a
+        (a call without a handle): on the CUDA engine on that call's GPU, on the reference
+        engine on the CPU. Only a non-blocking call drops (a
         blocking one grows the buffer instead and leaves 0); the count stays on the device, so
         reading it (``.item()``) synchronises. A zero CPU tensor before any dispatch."""
         engine = getattr(self, "_call_engine", None)

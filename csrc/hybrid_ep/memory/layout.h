@@ -19,7 +19,8 @@ struct BufferShape {
   int64_t dispatch_chunk;    // tokens per dispatch chunk
   int64_t partial_bytes;     // bytes per value of the combine's partials between domains (2, 4)
   // M: rows the in-domain receive regions hold (dispatch_*, combine_*), 1..W*T (W*T: every
-  // token of every rank routed here). Rows past it are dropped or grown (docs/memory.md).
+  // token of every rank routed here). Rows past it are dropped or grown (docs/usage.md, "The
+  // receive cap").
   int64_t max_received;
 
   int64_t experts_total() const { return experts_per_rank * world; }
