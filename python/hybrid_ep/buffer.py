@@ -281,9 +281,9 @@ class HybridEPBuffer:
         """int32 ``[1]``: rows routed to this rank that its receive cap
         (``max_num_of_tokens_for_experts``) dropped in its last dispatch that built a layout
         (a call without a handle): on the CUDA engine on that call's GPU, on the reference
-        engine on the CPU. Only a non-blocking call drops (a
-        blocking one grows the buffer instead and leaves 0); the count stays on the device, so
-        reading it (``.item()``) synchronises. A zero CPU tensor before any dispatch."""
+        engine on the CPU. Only a non-blocking call drops (a blocking one grows the buffer
+        instead and leaves 0); the count stays on the device, so reading it (``.item()``)
+        synchronises. A zero CPU tensor before any dispatch."""
         engine = getattr(self, "_call_engine", None)
         dropped = getattr(engine, "dropped_rows", None)
         return dropped if dropped is not None else torch.zeros(1, dtype=torch.int32)
