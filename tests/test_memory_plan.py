@@ -67,8 +67,55 @@ def test_plan_is_not_bounded_by_the_engine_rank_limit():
     plan = hybrid_ep.memory_plan(512, 8, 7168, 4096, 8, combine_wire="bf16",
                                  num_of_tokens_per_chunk_dispatch_api=64)
     assert plan["total"] == _runtime_bytes(512, 8, 7168, 4096, 8, "bf16")
-    assert 100 * 2**30 < plan["total"] < 110 * 2**30, plan["total"]
-    assert 10 * 2**30 < plan["network"] < 12 * 2**30, plan["network"]
+    # Issue 39's target for the regions between domains: the rings (one chunk slot per other
+    # domain by default at 64 domains) instead of N x T rows (10.9 GiB before them).
+    assert plan["network"] <= 2**29, plan["network"]
+
+
+def _ring_plan(world, ranks, hidden, tokens, chunk, ring=None):
+    options = {} if ring is None else {"net_ring_chunks": ring}
+    return hybrid_ep.memory_plan(world, ranks, hidden, tokens, 2, combine_wire="bf16",
+                                 num_of_tokens_per_chunk_dispatch_api=chunk, **options)
+
+
+@pytest.mark.parametrize("world,ranks,ring,slots", [
+    (4, 2, 1, 1), (8, 2, 2, 2), (16, 2, 3, 3), (8, 1, 100, 8), (8, 4, None, 8)])
+def test_rings_hold_k_chunks_per_other_domain(world, ranks, ring, slots):
+    """net_rows / net_partials: (N - 1) x K x chunk rows, K capped at the chunks of T (8 here);
+    partials: this rank's T own rows, then its ring."""
+    hidden, tokens, chunk = 1024, 500, 64
+    plan = _ring_plan(world, ranks, hidden, tokens, chunk, ring)
+    rows = (world // ranks - 1) * slots * chunk
+    assert plan["net_rows"] == rows * hidden * 2
+    assert plan["net_partials"] == rows * hidden * 2
+    assert plan["partials"] == (tokens + rows) * hidden * 2
+    assert plan["net_probs"] == rows * 2 * ranks * 4
+    C = native.module()
+    rc = C.RuntimeConfig()
+    rc.world, rc.ranks, rc.nodes = world, ranks, world // ranks
+    rc.hidden, rc.max_tokens, rc.experts_per_rank, rc.dispatch_chunk = hidden, tokens, 2, chunk
+    rc.net_ring_chunks = 0 if ring is None else ring
+    assert plan["total"] == C.Runtime.bytes_for(rc)
+
+
+@pytest.mark.parametrize("nodes,slots", [(2, 64), (4, 24), (8, 10), (16, 4), (64, 1)])
+def test_default_ring_depth_keeps_a_ring_within_64_mib(nodes, slots):
+    """Unset, K is the deepest ring of whole chunks within 64 MiB of rows (hidden 7168, BF16,
+    64-token chunks: 896 KiB a slot), at least one slot, at most every chunk of T = 4096."""
+    plan = _ring_plan(nodes * 8, 8, 7168, 4096, 64)
+    assert plan["net_rows"] == (nodes - 1) * slots * 64 * 7168 * 2
+    assert plan["net_rows"] <= 64 * 2**20 or slots == 1
+
+
+def test_ring_depth_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("HYBRID_EP_NET_RING_CHUNKS", "3")
+    assert _ring_plan(8, 2, 1024, 500, 64)["net_rows"] == 3 * 3 * 64 * 1024 * 2
+    monkeypatch.setenv("HYBRID_EP_NET_RING_CHUNKS", "auto")
+    assert _ring_plan(8, 2, 1024, 500, 64) == _ring_plan(8, 2, 1024, 500, 64, ring=8)
+    assert _ring_plan(8, 2, 1024, 500, 64, ring=1)["net_rows"] == 3 * 64 * 1024 * 2
+    monkeypatch.setenv("HYBRID_EP_NET_RING_CHUNKS", "0")
+    with pytest.raises(ValueError, match="HYBRID_EP_NET_RING_CHUNKS='0'"):
+        _ring_plan(8, 2, 1024, 500, 64)
 
 
 def test_defaults_follow_the_environment(monkeypatch):
@@ -102,6 +149,8 @@ BAD = [
      "num_of_tokens_per_chunk_dispatch_api=0"),
     ({"max_num_of_tokens_per_rank": 2**50}, ValueError, "max_num_of_tokens_per_rank="),
     ({"use_fp8": True}, TypeError, "'use_fp8'"),
+    ({"net_ring_chunks": 0}, ValueError, "net_ring_chunks=0"),
+    ({"net_ring_chunks": 1.5}, TypeError, "net_ring_chunks"),
 ]
 
 

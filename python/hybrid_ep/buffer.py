@@ -73,10 +73,13 @@ class HybridEPBuffer:
         self.group_size = dist.get_world_size(group)
         # Construction is collective: agree on the shape of the problem and find the domains.
         facts = local_facts() | {"hidden_dim": hidden_dim, "max_tokens": max_tokens,
-                                 "num_local_experts": experts}
+                                 "num_local_experts": experts,
+                                 "net_ring_chunks": env.net_ring_chunks}
         everyone = self._rendezvous.gather(CONSTRUCTION, facts)
         self._call_agreed = True
-        for key, arg in (("hidden_dim", "hidden_dim"), ("num_local_experts", "num_local_experts")):
+        # The ring depth shapes every rank's layout, which the peers address by offset.
+        for key, arg in (("hidden_dim", "hidden_dim"), ("num_local_experts", "num_local_experts"),
+                         ("net_ring_chunks", "environment variable HYBRID_EP_NET_RING_CHUNKS")):
             values = [f[key] for f in everyone]
             if len(set(values)) != 1:
                 raise ValueError(f"{arg}: ranks disagree ({values}); every rank must pass the "

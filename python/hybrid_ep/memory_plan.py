@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from . import native
 from . import validation as v
-from .config import env_choice, env_int
+from .config import env_choice, env_int, net_ring_chunks_from_env
 from .topology import check_ranks_per_domain
 
 # BufferLayout's regions (csrc/hybrid_ep/memory/layout.h) in the order they lie in the buffer;
@@ -16,15 +16,17 @@ REGIONS = ("routing", "token_counts", "call_stamps", "barrier_stamps", "net_barr
            "net_rows", "net_probs", "net_scales", "restriped_probs", "staged_rows",
            "staged_scales", "partials", "partial_probs", "net_partials", "net_partial_probs",
            "barrier_flags", "forward_flags", "dispatch_flags", "unpermute_flags",
-           "network_flags", "combine_flags", "net_barrier_flags", "receive_releases")
+           "network_flags", "combine_flags", "dispatch_credits", "combine_credits",
+           "net_barrier_flags", "receive_releases")
 # Regions only traffic between domains uses. The tiles are empty with one domain; the flag
 # tables keep one row per domain even then (this domain's, never used), so they count only
 # with several domains.
 NETWORK_TILES = ("net_rows", "net_probs", "net_scales", "restriped_probs", "staged_rows",
                  "staged_scales", "partials", "partial_probs", "net_partials",
                  "net_partial_probs")
-NETWORK_FLAGS = ("network_flags", "combine_flags", "net_barrier_flags", "net_barrier_stamps")
-_OPTIONS = ("combine_wire", "num_of_tokens_per_chunk_dispatch_api")
+NETWORK_FLAGS = ("network_flags", "combine_flags", "dispatch_credits", "combine_credits",
+                 "net_barrier_flags", "net_barrier_stamps")
+_OPTIONS = ("combine_wire", "num_of_tokens_per_chunk_dispatch_api", "net_ring_chunks")
 _WIRES = ("bf16", "fp32")
 # Past this a region's size would no longer fit the layout's 64-bit arithmetic.
 _MAX_DOMINANT_BYTES = 2**58
@@ -51,7 +53,10 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
       combine_wire: "bf16" or "fp32", the combine's partial sums between domains at 2 or 4
         bytes a value (default: HYBRID_EP_COMBINE_WIRE, else "bf16").
       num_of_tokens_per_chunk_dispatch_api: tokens per dispatch chunk, which sizes the flag
-        tables (default: NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API, else 64).
+        tables and the rings' slots (default: NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API, else 64).
+      net_ring_chunks: chunk slots per other domain of the rings between domains, >= 1
+        (default: HYBRID_EP_NET_RING_CHUNKS, else the deepest ring within 64 MiB); capped at the
+        chunks of max_num_of_tokens_per_rank.
 
     It reports what the layout needs at any size: the CUDA engine's limit of 64 ranks per
     group does not apply. Unknown options raise TypeError; a bad value raises ValueError (or
@@ -77,6 +82,9 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
     if chunk is None:
         chunk = env_int("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", 64, 1, 4096)
     chunk = v.require_int("num_of_tokens_per_chunk_dispatch_api", chunk, minimum=1)
+    ring = options.get("net_ring_chunks")
+    ring = net_ring_chunks_from_env() if ring is None else v.require_int("net_ring_chunks", ring,
+                                                                         minimum=1)
     # Every region is at most a small multiple of this (rows x the widest per-row bytes).
     dominant = world * tokens * (world * experts + 8 * hidden + 8 * experts * ranks)
     if dominant > _MAX_DOMINANT_BYTES:
@@ -84,8 +92,9 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
                          f"hidden_dim={hidden}, num_local_experts={experts}: too large for the "
                          "layout's 64-bit sizes; expected a smaller config")
     sizes = native.module().buffer_layout(world, ranks, experts, tokens, hidden, chunk,
-                                          wire == "fp32")
-    plan = {name: int(size) for name, size in sizes.items() if name != "total"}
+                                          wire == "fp32", ring)
+    plan = {name: int(size) for name, size in sizes.items()
+            if name not in ("total", "net_ring_chunks")}
     network = sum(plan[name] for name in NETWORK_TILES)
     if world // ranks > 1:
         network += sum(plan[name] for name in NETWORK_FLAGS)

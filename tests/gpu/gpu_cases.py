@@ -397,11 +397,22 @@ def two_buffers(ctx: Ctx, spec_a: dict, spec_b: dict) -> dict:
 
 @job
 def long_run(ctx: Ctx, seed: int, H: int, E: int, max_tokens: int, iters: int,
-             check_every: int, R: int | None = None) -> dict:
+             check_every: int, R: int | None = None, slow_domain: int | None = None,
+             sleep_cycles: int = 0) -> dict:
     """``iters`` dispatch/combine pairs with fresh routing, token counts, forms and top-k each
     time; every combine(dispatch(x)) checked exactly, every ``check_every``-th call against the
-    reference too, every 7th also re-dispatched with its handle."""
+    reference too, every 7th also re-dispatched with its handle. With ``slow_domain`` the ranks
+    of that domain run a GPU sleep of ``sleep_cycles`` before each dispatch and combine, so that
+    they lag behind the others' kernels."""
     W, r = ctx.W, ctx.rank
+    # (The dry run on a CPU has no GPU to sleep on.)
+    slow = (slow_domain is not None and R is not None and r // R == slow_domain
+            and torch.cuda.is_available())
+
+    def lag():
+        if slow:
+            torch.cuda._sleep(sleep_cycles)
+
     buf = ctx.buffer(H, max_tokens, E, **domain_args({"R": R} if R else {}))
     stats = Stats()
     reused = 0
@@ -422,11 +433,13 @@ def long_run(ctx: Ctx, seed: int, H: int, E: int, max_tokens: int, iters: int,
         x, _ = make_hidden(ctx, spec, T, "x")
         rt = make_routing(ctx, spec, T)
         what = f"call {i}"
+        lag()
         out = buf.dispatch(hidden=x, **routing_args(spec, rt))
         compare = i % check_every == 0 or i == iters - 1
         if compare:
             ref = buf.dispatch(hidden=x.cpu(), **routing_args(spec, rt, on_cpu=True))
             check_dispatch(ctx, out, ref, what, x.dtype, stats)
+        lag()
         combined = check_round_trip(ctx, buf, out, x, rt, spec, f"{what} round trip")
         if compare:  # the reference's round trip, from the reference's own dispatch
             exp = reference_combine(buf, spec, ref[0], ref[1], ref[3])

@@ -20,18 +20,19 @@ namespace hybrid_ep {
 namespace {
 
 py::dict buffer_layout(int64_t world, int64_t ranks, int64_t experts_per_rank, int64_t max_tokens,
-                       int64_t hidden, int64_t dispatch_chunk, bool combine_wire_fp32) {
+                       int64_t hidden, int64_t dispatch_chunk, bool combine_wire_fp32,
+                       int64_t net_ring_chunks) {
   // The Python layer names the argument; these only keep make() from dividing by zero.
   if (world < 1 || ranks < 1 || experts_per_rank < 1 || max_tokens < 1 || hidden < 1 ||
-      dispatch_chunk < 1) {
-    throw std::invalid_argument("buffer_layout: every count must be >= 1");
+      dispatch_chunk < 1 || net_ring_chunks < 0) {
+    throw std::invalid_argument("buffer_layout: every count must be >= 1 (net_ring_chunks >= 0)");
   }
   if (world % ranks != 0) {
     throw std::invalid_argument("buffer_layout: ranks must divide world");
   }
   const int64_t most = std::numeric_limits<int>::max();
   if (world > most || experts_per_rank > most || max_tokens > most || hidden > most ||
-      dispatch_chunk > most) {
+      dispatch_chunk > most || net_ring_chunks > most) {
     throw std::invalid_argument("buffer_layout: every count must fit a 32-bit int");
   }
   RuntimeConfig config;
@@ -43,12 +44,14 @@ py::dict buffer_layout(int64_t world, int64_t ranks, int64_t experts_per_rank, i
   config.hidden = int(hidden);
   config.dispatch_chunk = int(dispatch_chunk);
   config.combine_wire_fp32 = combine_wire_fp32;
+  config.net_ring_chunks = int(net_ring_chunks);
   const BufferShape shape = shape_of(config);
   const BufferLayout layout = BufferLayout::make(shape);
   py::dict out;
   BufferLayout::for_each_region(
       shape, [&](const char* name, size_t BufferLayout::*, size_t bytes) { out[name] = bytes; });
   out["total"] = layout.total;
+  out["net_ring_chunks"] = shape.net_ring_chunks;
   return out;
 }
 
@@ -57,7 +60,7 @@ py::dict buffer_layout(int64_t world, int64_t ranks, int64_t experts_per_rank, i
 void register_layout(py::module_& m) {
   m.def("buffer_layout", &buffer_layout, py::arg("world"), py::arg("ranks"),
         py::arg("experts_per_rank"), py::arg("max_tokens"), py::arg("hidden"),
-        py::arg("dispatch_chunk"), py::arg("combine_wire_fp32"),
+        py::arg("dispatch_chunk"), py::arg("combine_wire_fp32"), py::arg("net_ring_chunks") = 0,
         "Bytes of each region of the registered buffer a Runtime of this config allocates, in "
         "layout order (without alignment padding), and 'total' (Runtime.bytes_for, with it).");
 }

@@ -56,7 +56,9 @@ void register_runtime(py::module_& m) {
       .value("kForward", WaitSite::kForward)
       .value("kUnpermuteChunk", WaitSite::kUnpermuteChunk)
       .value("kReceiveRelease", WaitSite::kReceiveRelease)
-      .value("kGatheredStamps", WaitSite::kGatheredStamps);
+      .value("kGatheredStamps", WaitSite::kGatheredStamps)
+      .value("kDispatchCredit", WaitSite::kDispatchCredit)
+      .value("kCombineCredit", WaitSite::kCombineCredit);
 
   py::class_<RuntimeConfig>(m, "RuntimeConfig")
       .def(py::init<>())
@@ -81,6 +83,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("fabric", &RuntimeConfig::fabric)
       .def_readwrite("combine_wire_fp32", &RuntimeConfig::combine_wire_fp32)
       .def_readwrite("prob_puts_per_token", &RuntimeConfig::prob_puts_per_token)
+      .def_readwrite("net_ring_chunks", &RuntimeConfig::net_ring_chunks)
       .def_readwrite("transport_options", &RuntimeConfig::transport_options);
 
   py::class_<Runtime>(m, "Runtime")
@@ -149,6 +152,7 @@ void register_runtime(py::module_& m) {
              const BufferLayout& l = r.layout();
              py::dict d;
              d["net_rows"] = l.net_rows;
+             d["net_ring_chunks"] = r.shape().net_ring_chunks;
              d["dispatch_rows"] = l.dispatch_rows;
              d["network_flags"] = l.network_flags;
              d["combine_rows"] = l.combine_rows;

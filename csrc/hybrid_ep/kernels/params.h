@@ -153,8 +153,15 @@ struct DispatchParams {
   OwnDispatchRows own;
   size_t dispatch_rows, dispatch_probs, dispatch_scales;  // region offsets
   DispatchFlags dispatch_flags;                           // at max_chunks
-  size_t net_rows, net_probs, net_scales;
+  size_t net_rows, net_probs, net_scales;                 // rings [N-1, ring_chunks, chunk, ...]
   ChunkFlags network_flags;
+  // Several domains: the peers' rings hold ring_chunks chunks per other domain; chunk c goes
+  // into slot c % ring_chunks once the receiver credited chunk c - ring_chunks back
+  // (dispatch_credits, in this rank's buffer), and the receiver credits each chunk it consumed
+  // on the control transport.
+  int ring_chunks;
+  ChunkFlags dispatch_credits;
+  TransportContext control;
   // Inside one domain of several ranks, in place of a domain barrier before the launch: no
   // block stores into peer j's dispatch_rows before j has released them (read them out) as
   // often as this rank has (uint64 at receive_releases in every rank's buffer).
@@ -205,9 +212,16 @@ struct CombineAcross {
   bool bf16_wire;                // partials are BF16 (HYBRID_EP_COMBINE_WIRE=bf16), else fp32
   uint8_t* partials;             // this rank's [N, T, H] partials (wire dtype), registered
   float* partial_probs;          // [N, T, E*R] or null
-  size_t partials_at, partial_probs_at;    // their region offsets (the puts' sources)
-  size_t net_partials, net_partial_probs;  // region offsets: [N, T, ...] from each domain
-  ChunkFlags combine_flags;                // at max_chunks
+  size_t partials_at, partial_probs_at;  // their region offsets (the puts' sources)
+  // Region offsets: partials [T + ring rows] (own tokens, then the ring of the puts' sources);
+  // net_partials: ring [N-1, ring_chunks, chunk] of what the other domains put here.
+  size_t net_partials, net_partial_probs;
+  ChunkFlags combine_flags;  // at max_chunks
+  // As for dispatch (DispatchParams::ring_chunks): a chunk's partials for domain n are written
+  // once n credited chunk c - ring_chunks back; the final pass credits each chunk it consumed.
+  int ring_chunks;
+  ChunkFlags combine_credits;
+  TransportContext control;
 };
 
 // With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens
@@ -297,7 +311,8 @@ struct NetworkSendCheckParams {
   int num_tokens;       // T: every chunk of it is signalled
   int chunk;
   int row_bytes;
-  size_t net_rows;  // region offset of the receive tiles [N, T, row_bytes]
+  size_t net_rows;  // region offset of the rings [N-1, ring_chunks, chunk, row_bytes]
+  int ring_chunks;  // every chunk of T has its own slot (no credits: run_network_send_check)
   ChunkFlags network_flags;
 };
 
