@@ -213,28 +213,32 @@ __device__ __forceinline__ RowSource row_source(const DispatchParams& p, int nod
 }
 
 // The chunks a dispatch block forwards, in the order its loader and store warps walk them:
-// this rank's own first (they need no wait), then the other domains' chunk by chunk, every
-// other domain's chunk c before any domain's next chunk. Taking one domain's chunks all before
-// the next domain's, a receiver could wait for a sender that waits for its credit (rings
-// shallower than the chunks, three or more domains: docs/multi-domain.md, "Rings").
+// this rank's own chunks c = b, b + blocks, ... first (they need no wait), then its share of
+// the other domains' chunks, chunk by chunk: pair q = c * (N - 1) + k (chunk c of the k-th
+// other domain) is block q % blocks's, taken in ascending q. Taking one domain's chunks all
+// before the next domain's, a receiver could wait for a sender that waits for its credit (rings
+// shallower than the chunks, three or more domains: docs/multi-domain.md, "Rings"); spreading a
+// chunk's domains over the blocks, a ring of one slot per domain still keeps every block busy.
 struct WalkItem {
   int node, c;
 };
 
 struct DispatchWalk {
-  int per_domain;  // this block's chunks of each domain
-  int items;
+  int own;    // this block's own chunks
+  int items;  // and its pairs after them
 
   __device__ static DispatchWalk of(const DispatchParams& p) {
-    const int per = (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
-    return {per, per * p.domain.nodes};
+    const int b = blockIdx.x, blocks = p.dispatch_blocks;
+    const int own = (p.max_chunks - b + blocks - 1) / blocks;
+    const int pairs = p.max_chunks * (p.domain.nodes - 1);
+    return {own, own + (pairs - b + blocks - 1) / blocks};
   }
   __device__ WalkItem at(const DispatchParams& p, int k) const {
     const DomainView& d = p.domain;
-    if (k < per_domain) return {d.node_rank, int(blockIdx.x) + k * p.dispatch_blocks};
-    const int others = d.nodes - 1, i = k - per_domain;
-    return {(d.node_rank + 1 + i % others) % d.nodes,
-            int(blockIdx.x) + (i / others) * p.dispatch_blocks};
+    const int b = blockIdx.x, blocks = p.dispatch_blocks;
+    if (k < own) return {d.node_rank, b + k * blocks};
+    const int others = d.nodes - 1, q = b + (k - own) * blocks;
+    return {(d.node_rank + 1 + q % others) % d.nodes, q / others};
   }
 };
 
@@ -490,13 +494,9 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
     return item;
   }
   ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
-  const int my_chunks =
-      (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
-  for (int k = thread; k < my_chunks * d.nodes * d.ranks; k += 32 * kStoreWarps) {
-    const int j = k % d.ranks;
-    const int node = (k / d.ranks) % d.nodes;
-    const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * p.dispatch_blocks;
-    signal_flag(chunk_flag(p, j, node, c));
+  for (int k = thread; k < walk.items * d.ranks; k += 32 * kStoreWarps) {
+    const WalkItem w = walk.at(p, k / d.ranks);
+    signal_flag(chunk_flag(p, k % d.ranks, w.node, w.c));
   }
   return item;
 }
