@@ -220,3 +220,28 @@ def reference_registered_bytes() -> list[int]:
 def test_registered_bytes_on_the_reference_engine(pools):
     sizes = pools.run(2, "test_memory_plan", "reference_registered_bytes")
     assert sizes[0] == sizes[1] and sizes[0][1] > sizes[0][0], sizes
+
+
+def ring_depth_disagreement() -> str:
+    """Runs on every rank of a 2-rank pool: rank 1 asks for another ring depth; every rank's
+    construction raises, naming the variable."""
+    import os
+
+    from cases.common import job_group, rank
+
+    if rank() == 1:
+        os.environ["HYBRID_EP_NET_RING_CHUNKS"] = "2"
+    try:
+        hybrid_ep.HybridEPBuffer(job_group(), hidden_dim=256, max_num_of_tokens_per_rank=8,
+                                 num_local_experts=2, num_of_hybrid_ep_ranks_per_nvlink_domain=1)
+    except ValueError as error:
+        return str(error)
+    finally:
+        os.environ.pop("HYBRID_EP_NET_RING_CHUNKS", None)
+    return "constructed"
+
+
+def test_ring_depth_must_agree_across_ranks(pools):
+    messages = pools.run(2, "test_memory_plan", "ring_depth_disagreement")
+    for message in messages:
+        assert "HYBRID_EP_NET_RING_CHUNKS" in message and "disagree" in message, messages
