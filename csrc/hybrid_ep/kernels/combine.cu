@@ -96,9 +96,9 @@ __device__ void load_partials(const CombineParams& p, const Smem& s, const Chunk
   issue_copies(s, shape, routes, own.first, own.last, cur, lane);
 }
 
-// Loader warp: the walk round by round; each first-pass chunk's routes are staged (the next
-// chunk's are loaded into registers meanwhile) and its copies issued; with several domains the
-// round's final-pass chunk follows.
+// Loader warp: the walk round by round (ChunkWalk); each first-pass chunk's routes are staged (the
+// next chunk's are loaded into registers meanwhile) and its copies issued; with several domains the
+// round's final-pass chunks follow.
 __device__ void load_walk(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kReduce);
   const ChunkRoutes routes{s.loader_rows, shape.width};
@@ -122,8 +122,8 @@ __device__ void load_walk(const CombineParams& p, const Smem& s, const ChunkWalk
       __syncwarp();
       issue_copies(s, shape, routes, chunk.first, chunk.last, cur, lane);
     }
-    const int j = walk.round_final(p, round);
-    if (j >= 0) load_partials(p, s, walk, j, cur, lane);
+    const FinalRange finals = walk.round_finals(p, round);
+    for (int j = finals.first; j < finals.end; ++j) load_partials(p, s, walk, j, cur, lane);
   }
 }
 
@@ -312,7 +312,7 @@ __device__ void reduce_partials(const CombineParams& p, const Smem& s, int j, Re
 
 // Reduce warps: the walk round by round, as the loader. Every first-pass chunk; with several
 // domains each warp counts each chunk done once its partials are written (for the network
-// warps and the final pass), and the round's final-pass chunk follows.
+// warps and the final pass), and the round's final-pass chunks follow.
 __device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int warp,
                             int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kReduce);
@@ -357,8 +357,8 @@ __device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWa
         if (lane == 0) atomicAdd(s.reduced, 1u);
       }
     }
-    const int j = walk.round_final(p, round);
-    if (j >= 0) reduce_partials(p, s, j, cur, warp, lane);
+    const FinalRange finals = walk.round_finals(p, round);
+    for (int j = finals.first; j < finals.end; ++j) reduce_partials(p, s, j, cur, warp, lane);
   }
 }
 

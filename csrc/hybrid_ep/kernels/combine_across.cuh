@@ -1,12 +1,10 @@
 // Combine between NVLink domains (CombineParams::partial; docs/multi-domain.md, "Combine"), in
-// the one persistent combine grid. Block b walks its chunks of the forwarded token space round
-// by round: round i reduces its chunk c_i of every domain (the other domains' first: their
-// partials leave over the network; this rank's own last), and `lag` rounds behind, finishes its
-// own chunk c_{i - lag} (its final sums need the other domains' partials, which arrive
-// meanwhile). The partials between domains travel through rings (kernels/common/
-// ring_credits.cuh): a chunk's partials for domain n are written once n credited chunk c - K
-// back, and the lag is the largest that keeps every such wait on a chunk earlier than the
-// waiter's own (ChunkWalk::of says why).
+// the one persistent combine grid. Block b walks the forwarded token space chunk by chunk
+// (ChunkWalk): its share of every other domain's chunk c (their partials leave over the
+// network), this rank's own chunk c if it is b's, and K - 1 chunks behind, the final sums of
+// its own chunks (they need the other domains' partials, which arrive meanwhile). The
+// partials between domains travel through rings (kernels/common/ring_credits.cuh): a chunk's
+// partials for domain n are written once n credited chunk c - K back.
 //   reduce warps  (combine.cu): each token's in-domain sum becomes a partial, rounded once to
 //                  the wire's width (BF16 by default, fp32 on request), and the warp counts the
 //                  chunk done. A partial for a peer mapped into this process (one host, NVLink:
@@ -45,46 +43,76 @@ struct ChunkItem {
   int first, last;
 };
 
-// The chunks block blockIdx.x walks, in the order every role of the block walks them. Inside
-// one domain: its chunks in order, one per round. With several domains: round i holds the
-// first-pass items i * N ... i * N + N - 1 (the block's chunk c_i of the other domains, then of
-// this one) and, from round `lag` on, the final pass of own chunk c_{i - lag}.
-struct ChunkWalk {
-  int items;       // first-pass items of this block
-  int per_domain;  // with several domains: this block's chunks of each domain
-  int lag;         // rounds the final pass runs behind the first
+__device__ __forceinline__ int ceil_div_pos(int a, int b) { return a > 0 ? (a + b - 1) / b : 0; }
 
-  // The lag: the first pass of chunk c waits for the credit of chunk c - K, given in the
-  // receiver's final pass of c - K, which comes after that block's first pass of chunk
-  // c - K + lag * blocks; that is earlier than c (so the waits cannot close a cycle between
-  // ranks) while lag * blocks < K. With every chunk in the ring (K = C) the final pass starts
-  // once the first has passed the block's last chunk, as before the rings.
+// Own chunks [first, end) (OwnChunk indices) whose final pass a round holds.
+struct FinalRange {
+  int first, end;
+};
+
+// The work of block b of `blocks`, in the order every role of the block walks it. Inside one
+// domain: its chunks c = b, b + blocks, ..., one per round. With several domains, round cc (of
+// the C chunks) holds the block's first-pass items of chunk cc: the other domains' pairs
+// q = cc * (N - 1) + k with q % blocks == b (so a chunk's domains spread over the blocks, as the
+// dispatch's), then, if cc % blocks == b, this rank's own chunk cc; and after them the final
+// passes of own chunks f placed at round min(f + K - 1, C - 1). A first-pass item of chunk c
+// waits for the credit of chunk c - K, given in its receiver's final pass of c - K, which
+// follows only first-pass items of chunks up to c - 1: no wait can close a cycle between ranks.
+// With every chunk in the ring (K = C) all final passes come after the block's last chunk.
+struct ChunkWalk {
+  int items;  // first-pass items of this block
+  int C;      // chunks per domain (several domains)
+  int K;      // ring slots per other domain (several domains)
+
   __device__ static ChunkWalk of(const CombineParams& p) {
     const int b = blockIdx.x, blocks = p.combine_blocks;
     if (!p.partial) {
       const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
-      return {max(0, (chunks - b + blocks - 1) / blocks), 0, 0};
+      return {ceil_div_pos(chunks - b, blocks), 0, 0};
     }
-    const int per = max(0, (p.across.max_chunks - b + blocks - 1) / blocks);
-    const int lag = max(0, min(per - 1, (p.across.ring_chunks - 1) / blocks));
-    return {p.domain.nodes * per, per, lag};
+    const int C = p.across.max_chunks;
+    ChunkWalk w{0, C, min(p.across.ring_chunks, C)};
+    w.items = w.before(p, C);
+    return w;
   }
 
-  __device__ int rounds(const CombineParams& p) const {
-    return p.partial ? (per_domain > 0 ? per_domain + lag : 0) : items;
+  // Several domains: the block's other-domain pairs, own chunks and first-pass items of
+  // chunks before cc.
+  __device__ int pairs_before(const CombineParams& p, int cc) const {
+    return ceil_div_pos(cc * (p.domain.nodes - 1) - int(blockIdx.x), p.combine_blocks);
   }
+  __device__ int own_before(const CombineParams& p, int cc) const {
+    return ceil_div_pos(cc - int(blockIdx.x), p.combine_blocks);
+  }
+  __device__ int before(const CombineParams& p, int cc) const {
+    return pairs_before(p, cc) + own_before(p, cc);
+  }
+
+  __device__ int rounds(const CombineParams& p) const { return p.partial ? C : items; }
   // First-pass items [first, end) of `round`.
   __device__ int round_first(const CombineParams& p, int round) const {
-    return p.partial ? min(round * p.domain.nodes, items) : round;
+    return p.partial ? before(p, round) : round;
   }
   __device__ int round_end(const CombineParams& p, int round) const {
-    return p.partial ? min((round + 1) * p.domain.nodes, items) : round + 1;
+    return p.partial ? before(p, round + 1) : round + 1;
   }
-  // The own chunk (OwnChunk index) whose final pass `round` holds, or -1.
-  __device__ int round_final(const CombineParams& p, int round) const {
-    return p.partial && round >= lag ? round - lag : -1;
+  // The own chunks whose final pass follows `round`'s items.
+  __device__ FinalRange round_finals(const CombineParams& p, int round) const {
+    if (!p.partial) return {0, 0};
+    const int b = blockIdx.x, blocks = p.combine_blocks;
+    const int lowest = round == C - 1 ? max(0, C - K) : round - (K - 1);
+    const int highest = round - (K - 1);  // at the last round: every later f too
+    if (round < C - 1 && (highest < 0 || highest % blocks != b)) return {0, 0};
+    const int first = ceil_div_pos(lowest - b, blocks);
+    return {first, round == C - 1 ? own_before(p, C) : first + 1};
   }
 
+  __device__ ChunkItem item(const CombineParams& p, int node, int c) const {
+    const int T = p.across.max_tokens;
+    return {node, c, node * T + c * p.chunk, node * T + min((c + 1) * p.chunk, T)};
+  }
+
+  // First-pass item k.
   __device__ ChunkItem at(const CombineParams& p, int k) const {
     const int b = blockIdx.x, blocks = p.combine_blocks;
     if (!p.partial) {
@@ -92,26 +120,35 @@ struct ChunkWalk {
       const int first = c * p.chunk;
       return {p.domain.node_rank, c, first, min(first + p.chunk, p.num_tokens)};
     }
-    const int nodes = p.domain.nodes;
-    const int node = (p.domain.node_rank + 1 + k % nodes) % nodes;
-    const int c = b + (k / nodes) * blocks;
-    const int T = p.across.max_tokens;
-    return {node, c, node * T + c * p.chunk, node * T + min((c + 1) * p.chunk, T)};
+    int lo = 0, hi = C - 1;  // the chunk of item k: the last cc with before(cc) <= k
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (before(p, mid) <= k)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int others = p.domain.nodes - 1;
+    const int pair = k - own_before(p, lo);  // the block's pair index, if it is one
+    const int q = b + pair * blocks;
+    if (pair < pairs_before(p, lo + 1)) {
+      return item(p, (p.domain.node_rank + 1 + q % others) % p.domain.nodes, q / others);
+    }
+    return item(p, p.domain.node_rank, lo);
   }
 
-  // The first-pass items whose partials go over the network: the other domains', sent(p) of
-  // them; the i-th is item sent_item(p, i).
-  __device__ int sent(const CombineParams& p) const {
-    return p.partial ? (p.domain.nodes - 1) * per_domain : 0;
-  }
+  // The first-pass items whose partials go over the network: the block's pairs, sent(p) of
+  // them; pair i is first-pass item sent_item(p, i).
+  __device__ int sent(const CombineParams& p) const { return p.partial ? pairs_before(p, C) : 0; }
   __device__ int sent_item(const CombineParams& p, int i) const {
-    const int others = p.domain.nodes - 1;
-    return (i / others) * p.domain.nodes + i % others;
+    const int q = int(blockIdx.x) + i * p.combine_blocks;
+    return i + own_before(p, q / (p.domain.nodes - 1));
   }
   // reduced counts a warp's first-pass items in walk order: the count once own chunk j's
-  // partials (the last item of round j) are written.
+  // partials are written (its item follows the pairs of its chunk).
   __device__ uint32_t reduced_through_own(const CombineParams& p, int j) const {
-    return uint32_t((j + 1) * p.domain.nodes);
+    const int f = int(blockIdx.x) + j * p.combine_blocks;
+    return uint32_t(pairs_before(p, f + 1) + own_before(p, f) + 1);
   }
 };
 
