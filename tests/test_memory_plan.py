@@ -67,8 +67,27 @@ def test_plan_is_not_bounded_by_the_engine_rank_limit():
     plan = hybrid_ep.memory_plan(512, 8, 7168, 4096, 8, combine_wire="bf16",
                                  num_of_tokens_per_chunk_dispatch_api=64)
     assert plan["total"] == _runtime_bytes(512, 8, 7168, 4096, 8, "bf16")
-    assert 100 * 2**30 < plan["total"] < 110 * 2**30, plan["total"]
+    assert 90 * 2**30 < plan["total"] < 100 * 2**30, plan["total"]  # routing: 16 MiB of it
     assert 10 * 2**30 < plan["network"] < 12 * 2**30, plan["network"]
+
+
+@pytest.mark.parametrize("topo,hidden,tokens,experts,wire", GRID, ids=GRID_IDS)
+def test_routing_is_one_domains_bits_per_token(topo, hidden, tokens, experts, wire):
+    """Every rank's tokens, as 32-bit words of bits of the receiving domain's E*R experts; with
+    several domains this rank's bits for each other domain are staged for the network puts."""
+    world, ranks = topo
+    plan = hybrid_ep.memory_plan(world, ranks, hidden, tokens, experts, combine_wire=wire)
+    row = -(-experts * ranks // 32) * 4
+    assert plan["routing"] == world * tokens * row
+    assert plan["staged_routing"] == (world // ranks - 1) * tokens * row
+
+
+def test_routing_at_512_ranks_is_16_mib():
+    """512 ranks (64 domains of 8) x 4096 tokens x 8 experts: 64 bits a token, not the 4096
+    bools of every expert (8 GiB)."""
+    plan = hybrid_ep.memory_plan(512, 8, 7168, 4096, 8)
+    assert plan["routing"] == 16 * 2**20
+    assert plan["staged_routing"] == 63 * 4096 * 8
 
 
 def test_defaults_follow_the_environment(monkeypatch):
