@@ -118,6 +118,25 @@ def test_ring_depth_follows_the_environment(monkeypatch):
         _ring_plan(8, 2, 1024, 500, 64)
 
 
+@pytest.mark.parametrize("topo,hidden,tokens,experts,wire", GRID, ids=GRID_IDS)
+def test_routing_is_one_domains_bits_per_token(topo, hidden, tokens, experts, wire):
+    """Every rank's tokens, as 32-bit words of bits of the receiving domain's E*R experts; with
+    several domains this rank's bits for each other domain are staged for the network puts."""
+    world, ranks = topo
+    plan = hybrid_ep.memory_plan(world, ranks, hidden, tokens, experts, combine_wire=wire)
+    row = -(-experts * ranks // 32) * 4
+    assert plan["routing"] == world * tokens * row
+    assert plan["staged_routing"] == (world // ranks - 1) * tokens * row
+
+
+def test_routing_at_512_ranks_is_16_mib():
+    """512 ranks (64 domains of 8) x 4096 tokens x 8 experts: 64 bits a token, not the 4096
+    bools of every expert (8 GiB)."""
+    plan = hybrid_ep.memory_plan(512, 8, 7168, 4096, 8)
+    assert plan["routing"] == 16 * 2**20
+    assert plan["staged_routing"] == 63 * 4096 * 8
+
+
 def test_defaults_follow_the_environment(monkeypatch):
     monkeypatch.delenv("HYBRID_EP_COMBINE_WIRE", raising=False)
     monkeypatch.delenv("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", raising=False)

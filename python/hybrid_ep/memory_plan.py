@@ -11,18 +11,19 @@ from .topology import check_ranks_per_domain
 # BufferLayout's regions (csrc/hybrid_ep/memory/layout.h) in the order they lie in the buffer;
 # the plan itself follows the binding's walk, so a region added there shows up in it (and the
 # tests, which compare the two, name it).
-REGIONS = ("routing", "token_counts", "call_stamps", "barrier_stamps", "net_barrier_stamps",
-           "dispatch_rows", "dispatch_probs", "dispatch_scales", "combine_rows", "combine_probs",
-           "net_rows", "net_probs", "net_scales", "restriped_probs", "staged_rows",
-           "staged_scales", "partials", "partial_probs", "net_partials", "net_partial_probs",
-           "barrier_flags", "forward_flags", "dispatch_flags", "unpermute_flags",
-           "network_flags", "combine_flags", "dispatch_credits", "combine_credits",
+REGIONS = ("routing", "staged_routing", "token_counts", "call_stamps", "barrier_stamps",
+           "net_barrier_stamps", "dispatch_rows", "dispatch_probs", "dispatch_scales",
+           "combine_rows", "combine_probs", "net_rows", "net_probs", "net_scales",
+           "restriped_probs", "staged_rows", "staged_scales", "partials", "partial_probs",
+           "net_partials", "net_partial_probs", "barrier_flags", "forward_flags",
+           "dispatch_flags", "unpermute_flags", "network_flags", "combine_flags",
+           "dispatch_credits", "combine_credits",
            "net_barrier_flags", "receive_releases")
 # Regions only traffic between domains uses. The tiles are empty with one domain; the flag
 # tables keep one row per domain even then (this domain's, never used), so they count only
 # with several domains.
-NETWORK_TILES = ("net_rows", "net_probs", "net_scales", "restriped_probs", "staged_rows",
-                 "staged_scales", "partials", "partial_probs", "net_partials",
+NETWORK_TILES = ("staged_routing", "net_rows", "net_probs", "net_scales", "restriped_probs",
+                 "staged_rows", "staged_scales", "partials", "partial_probs", "net_partials",
                  "net_partial_probs")
 NETWORK_FLAGS = ("network_flags", "combine_flags", "dispatch_credits", "combine_credits",
                  "net_barrier_flags", "net_barrier_stamps")
@@ -40,8 +41,8 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
 
     Returns a dict: every region of the layout (``REGIONS``, in buffer order) -> its bytes,
     without the padding that aligns the next region to 256 bytes; then ``network``, the bytes
-    only traffic between NVLink domains uses: the regions ``NETWORK_TILES`` (net_rows,
-    net_probs, net_scales, restriped_probs, staged_rows, staged_scales, partials,
+    only traffic between NVLink domains uses: the regions ``NETWORK_TILES`` (staged_routing,
+    net_rows, net_probs, net_scales, restriped_probs, staged_rows, staged_scales, partials,
     partial_probs, net_partials, net_partial_probs) plus, with several domains, the flag tables
     ``NETWORK_FLAGS`` (network_flags, combine_flags, net_barrier_flags, net_barrier_stamps;
     with one domain they hold only this domain's unused row, so ``network`` is 0); and

@@ -13,8 +13,9 @@ reproduces. A *spec* is a plain dict:
   the FP8 kinds with fp32 scales ``[T, H/128]``;
 - ``form``: ``map`` (routing_map + probs) or ``topk`` (topk_idx + topk_weights);
 - ``k``: experts per token; ``routing``: ``uniform``, ``skew`` (every token only to experts of
-  rank ``target``, default the last) or ``empty`` (no token goes anywhere); uniform and skew
-  leave about one slot in eight empty (-1), so some tokens go nowhere;
+  rank ``target``, default the last), ``domain`` (every token to every expert of the NVLink
+  domain of ``target``: k is E*R) or ``empty`` (no token goes anywhere); all but empty leave
+  about one slot in eight empty (-1), so some tokens go nowhere;
 - ``with_probs``; ``tokens``: T_r per rank (ragged, zeros allowed); ``max_tokens``: each rank's
   ``max_num_of_tokens_per_rank`` argument (they may differ; the buffer agrees on the maximum);
 - ``reuse``: also dispatch again with the handle and combine twice with it;
@@ -174,6 +175,11 @@ def make_routing(ctx: Ctx, spec: dict, T: int, salt: str = "routing") -> dict:
         target = spec.get("target", W - 1)
         k = min(k, E)
         idx = target * E + torch.rand((T, E), generator=g, device=ctx.dev).topk(k, dim=1).indices
+    elif pattern == "domain":  # every expert of the target's NVLink domain (k is E*R)
+        width = E * spec.get("R", W)
+        k = width
+        first = spec.get("target", W - 1) * E // width * width
+        idx = (first + torch.arange(width, device=ctx.dev)).expand(T, width).contiguous()
     elif pattern == "empty":
         idx = torch.full((T, k), -1, dtype=torch.int64, device=ctx.dev)
     else:

@@ -26,13 +26,20 @@ struct BarrierParams {
   size_t net_barrier_stamps;
 };
 
+// The routing all-gather moves bits (kernels/common/routing_bits.h): each rank's tokens, only
+// the columns of the receiving rank's domain.
 struct AllgatherParams {
   DomainView domain;
   const uint8_t* routing_map;  // bool [num_tokens, E_total] of this rank
   int num_tokens;              // rows of this rank (may exceed max_tokens: growth is detected)
   int max_tokens;              // T
-  int experts_total;
+  int domain_cols;             // E*R: one domain's columns of the map
+  int routing_words;           // words per token and domain
+  // Blocks past the domain's R that pack this rank's bits for the other domains into
+  // staged_routing (0 with one domain).
+  int staging_blocks;
   size_t routing;  // region offsets
+  size_t staged_routing;
   size_t token_counts;
   size_t call_stamps;  // uint64 [W]: each rank's stamp, carried like its token count
   // The domain barrier's flags and stamp slots (BarrierParams): the all-gather is this call's
@@ -41,15 +48,15 @@ struct AllgatherParams {
   size_t barrier_stamps;
 };
 
-// The all-gather's second step with several domains: this rank's map (already in its own
-// routing region) goes to the peer of every other domain, and the maps those peers send here
-// are forwarded to the rest of this domain, so every rank ends with all W maps.
+// The all-gather's second step with several domains: this rank's bits for each other domain
+// (staged_routing) go to its peer there, and the rows those peers send here (this domain's
+// bits) are forwarded to the rest of this domain, so every rank ends with all W ranks' rows.
 struct AllgatherNetworkParams {
   DomainView domain;
   TransportContext transport;
   int max_tokens;
-  int experts_total;
-  size_t routing, token_counts, call_stamps;
+  int routing_words;
+  size_t routing, staged_routing, token_counts, call_stamps;
   DomainFlags net_barrier_flags;  // the barrier's, as in AllgatherParams
   size_t net_barrier_stamps;
   RankFlags forward_flags;
@@ -78,12 +85,17 @@ struct PreprocessSummary {
 
 struct MetadataParams {
   DomainView domain;
-  const uint8_t* routing;        // this rank's gathered routing region, bool [W*T, E_total]
+  // This rank's gathered routing region: uint32 [W*T, routing_words], every token's bits for
+  // this domain's experts (kernels/common/routing_bits.h).
+  const uint32_t* routing;
+  // This rank's own bits for the other domains, [N-1, T, routing_words] (several domains).
+  const uint32_t* staged_routing;
+  int routing_words;
   const uint64_t* token_counts;  // [W]
   const uint64_t* call_stamps;   // [W]: every rank's stamp, compared with this rank's
   int max_tokens;                // T
   int experts_per_rank;          // E
-  uint64_t* dest_masks;          // scratch [W*T]: bit d = token goes to rank d (W <= 64)
+  uint64_t* dest_masks;          // scratch [W*T]: bit j = token goes to local rank j (R <= 64)
   // Outputs (handle tensors, see docs/semantics.md).
   int32_t* sparse_to_dense_map;    // [N*T, R]
   bool* rdma_to_attn_map;          // [ceil16(T), N]

@@ -29,6 +29,8 @@ struct BufferShape {
   int64_t ring_rows() const {
     return nodes() > 1 ? (nodes() - 1) * net_ring_chunks * dispatch_chunk : 0;
   }
+  // 32-bit words of one token's routing bits for one domain (a bit per column of the domain).
+  int64_t routing_words() const { return (prob_cols() + 31) / 32; }
   // The flag tables' shapes (memory/flag_tables.h), at the buffer's chunk count.
   FlagTables flag_shapes() const {
     return FlagTables::shaped(int(ranks), int(nodes()), int(max_chunks()));
@@ -59,7 +61,11 @@ __host__ __device__ inline int64_t ring_slot_row(int other, int c, int ring_chun
 
 struct BufferLayout {
   // Registered (peer-visible) regions, byte offsets from the buffer base.
-  size_t routing;       // bool [W*T, E_total]: every rank's routing map (allgather)
+  // uint32 [W*T, routing words]: every rank's tokens' bits for this domain's experts, filled
+  // by the routing all-gather (format: kernels/common/routing_bits.h).
+  size_t routing;
+  // [N-1, T, routing words]: this rank's bits for each other domain (its network puts' source)
+  size_t staged_routing;
   size_t token_counts;  // uint64 [W]: tokens of each rank this call (for growth)
   size_t call_stamps;   // uint64 [W]: each rank's stamp of this call (routing all-gather)
   // uint64 [2][R] and [2][N]: the stamps a barrier carries from each local rank and from the
@@ -119,7 +125,10 @@ struct BufferLayout {
     const size_t own = nodes > 1 ? size_t(s.max_tokens) : 0;
     const size_t ring = size_t(s.ring_rows());
     const size_t partial_row = size_t(s.max_row_bytes / 2) * size_t(s.partial_bytes);
-    visit("routing", &BufferLayout::routing, rows * static_cast<size_t>(s.experts_total()));
+    const size_t routing_row = size_t(s.routing_words()) * sizeof(uint32_t);
+    visit("routing", &BufferLayout::routing, rows * routing_row);
+    visit("staged_routing", &BufferLayout::staged_routing,
+          (nodes - 1) * size_t(s.max_tokens) * routing_row);
     visit("token_counts", &BufferLayout::token_counts, u64 * s.world);
     visit("call_stamps", &BufferLayout::call_stamps, u64 * s.world);
     visit("barrier_stamps", &BufferLayout::barrier_stamps, u64 * 2 * ranks);
