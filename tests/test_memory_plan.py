@@ -72,8 +72,74 @@ def test_plan_is_not_bounded_by_the_engine_rank_limit():
     assert plan["total"] == _runtime_bytes(512, 8, 7168, 4096, 8, "bf16")
     # The default receive cap: 64 ranks' tokens, not all 512 (docs/usage.md).
     assert plan["dispatch_rows"] == 64 * 4096 * 7168 * 2
-    assert 29 * 2**30 < plan["total"] < 30 * 2**30, plan["total"]
-    assert 10 * 2**30 < plan["network"] < 12 * 2**30, plan["network"]
+    # Issue 39's target for the regions between domains: the rings (one chunk slot per other
+    # domain by default at 64 domains) instead of N x T rows (10.9 GiB before them).
+    assert plan["network"] <= 2**29, plan["network"]
+
+
+def _ring_plan(world, ranks, hidden, tokens, chunk, ring=None):
+    options = {} if ring is None else {"net_ring_chunks": ring}
+    return hybrid_ep.memory_plan(world, ranks, hidden, tokens, 2, combine_wire="bf16",
+                                 num_of_tokens_per_chunk_dispatch_api=chunk, **options)
+
+
+@pytest.mark.parametrize("world,ranks,ring,slots", [
+    (4, 2, 1, 1), (8, 2, 2, 2), (16, 2, 3, 3), (8, 1, 100, 8), (8, 4, None, 8)])
+def test_rings_hold_k_chunks_per_other_domain(world, ranks, ring, slots):
+    """net_rows / net_partials: (N - 1) x K x chunk rows, K capped at the chunks of T (8 here);
+    partials: this rank's T own rows, then its ring."""
+    hidden, tokens, chunk = 1024, 500, 64
+    plan = _ring_plan(world, ranks, hidden, tokens, chunk, ring)
+    rows = (world // ranks - 1) * slots * chunk
+    assert plan["net_rows"] == rows * hidden * 2
+    assert plan["net_partials"] == rows * hidden * 2
+    assert plan["partials"] == (tokens + rows) * hidden * 2
+    assert plan["net_probs"] == rows * 2 * ranks * 4
+    C = native.module()
+    rc = C.RuntimeConfig()
+    rc.world, rc.ranks, rc.nodes = world, ranks, world // ranks
+    rc.hidden, rc.max_tokens, rc.experts_per_rank, rc.dispatch_chunk = hidden, tokens, 2, chunk
+    rc.net_ring_chunks = 0 if ring is None else ring
+    assert plan["total"] == C.Runtime.bytes_for(rc)
+
+
+@pytest.mark.parametrize("nodes,slots", [(2, 64), (4, 24), (8, 10), (16, 4), (64, 1)])
+def test_default_ring_depth_keeps_a_ring_within_64_mib(nodes, slots):
+    """Unset, K is the deepest ring of whole chunks within 64 MiB of rows (hidden 7168, BF16,
+    64-token chunks: 896 KiB a slot), at least one slot, at most every chunk of T = 4096."""
+    plan = _ring_plan(nodes * 8, 8, 7168, 4096, 64)
+    assert plan["net_rows"] == (nodes - 1) * slots * 64 * 7168 * 2
+    assert plan["net_rows"] <= 64 * 2**20 or slots == 1
+
+
+def test_ring_depth_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("HYBRID_EP_NET_RING_CHUNKS", "3")
+    assert _ring_plan(8, 2, 1024, 500, 64)["net_rows"] == 3 * 3 * 64 * 1024 * 2
+    monkeypatch.setenv("HYBRID_EP_NET_RING_CHUNKS", "auto")
+    assert _ring_plan(8, 2, 1024, 500, 64) == _ring_plan(8, 2, 1024, 500, 64, ring=8)
+    assert _ring_plan(8, 2, 1024, 500, 64, ring=1)["net_rows"] == 3 * 64 * 1024 * 2
+    monkeypatch.setenv("HYBRID_EP_NET_RING_CHUNKS", "0")
+    with pytest.raises(ValueError, match="HYBRID_EP_NET_RING_CHUNKS='0'"):
+        _ring_plan(8, 2, 1024, 500, 64)
+
+
+@pytest.mark.parametrize("topo,hidden,tokens,experts,wire", GRID, ids=GRID_IDS)
+def test_routing_is_one_domains_bits_per_token(topo, hidden, tokens, experts, wire):
+    """Every rank's tokens, as 32-bit words of bits of the receiving domain's E*R experts; with
+    several domains this rank's bits for each other domain are staged for the network puts."""
+    world, ranks = topo
+    plan = hybrid_ep.memory_plan(world, ranks, hidden, tokens, experts, combine_wire=wire)
+    row = -(-experts * ranks // 32) * 4
+    assert plan["routing"] == world * tokens * row
+    assert plan["staged_routing"] == (world // ranks - 1) * tokens * row
+
+
+def test_routing_at_512_ranks_is_16_mib():
+    """512 ranks (64 domains of 8) x 4096 tokens x 8 experts: 64 bits a token, not the 4096
+    bools of every expert (8 GiB)."""
+    plan = hybrid_ep.memory_plan(512, 8, 7168, 4096, 8)
+    assert plan["routing"] == 16 * 2**20
+    assert plan["staged_routing"] == 63 * 4096 * 8
 
 
 RECEIVE_REGIONS = ("dispatch_rows", "dispatch_probs", "dispatch_scales", "combine_rows",
@@ -148,6 +214,8 @@ BAD = [
     ({"max_num_of_tokens_for_experts": 0}, ValueError, "max_num_of_tokens_for_experts=0"),
     ({"max_num_of_tokens_for_experts": 8.5}, TypeError, "max_num_of_tokens_for_experts"),
     ({"max_num_of_tokens_for_experts": True}, TypeError, "max_num_of_tokens_for_experts"),
+    ({"net_ring_chunks": 0}, ValueError, "net_ring_chunks=0"),
+    ({"net_ring_chunks": 1.5}, TypeError, "net_ring_chunks"),
 ]
 
 
@@ -229,3 +297,28 @@ def reference_registered_bytes() -> list[int]:
 def test_registered_bytes_on_the_reference_engine(pools):
     sizes = pools.run(2, "test_memory_plan", "reference_registered_bytes")
     assert sizes[0] == sizes[1] and sizes[0][1] > sizes[0][0], sizes
+
+
+def ring_depth_disagreement() -> str:
+    """Runs on every rank of a 2-rank pool: rank 1 asks for another ring depth; every rank's
+    construction raises, naming the variable."""
+    import os
+
+    from cases.common import job_group, rank
+
+    if rank() == 1:
+        os.environ["HYBRID_EP_NET_RING_CHUNKS"] = "2"
+    try:
+        hybrid_ep.HybridEPBuffer(job_group(), hidden_dim=256, max_num_of_tokens_per_rank=8,
+                                 num_local_experts=2, num_of_hybrid_ep_ranks_per_nvlink_domain=1)
+    except ValueError as error:
+        return str(error)
+    finally:
+        os.environ.pop("HYBRID_EP_NET_RING_CHUNKS", None)
+    return "constructed"
+
+
+def test_ring_depth_must_agree_across_ranks(pools):
+    messages = pools.run(2, "test_memory_plan", "ring_depth_disagreement")
+    for message in messages:
+        assert "HYBRID_EP_NET_RING_CHUNKS" in message and "disagree" in message, messages

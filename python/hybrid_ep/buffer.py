@@ -78,11 +78,14 @@ class HybridEPBuffer:
         # Construction is collective: agree on the shape of the problem and find the domains.
         facts = local_facts() | {"hidden_dim": hidden_dim, "max_tokens": max_tokens,
                                  "num_local_experts": experts,
-                                 "max_num_of_tokens_for_experts": max_num_of_tokens_for_experts}
+                                 "max_num_of_tokens_for_experts": max_num_of_tokens_for_experts,
+                                 "net_ring_chunks": env.net_ring_chunks}
         everyone = self._rendezvous.gather(CONSTRUCTION, facts)
         self._call_agreed = True
-        # Every rank computes every destination's drops, so the cap is the group's.
+        # The ring depth and the receive cap shape every rank's layout, which the peers address
+        # by offset, and every rank computes its domain's drops.
         for key, arg in (("hidden_dim", "hidden_dim"), ("num_local_experts", "num_local_experts"),
+                         ("net_ring_chunks", "environment variable HYBRID_EP_NET_RING_CHUNKS"),
                          ("max_num_of_tokens_for_experts", "max_num_of_tokens_for_experts")):
             values = [f[key] for f in everyone]
             if len(set(values)) != 1:

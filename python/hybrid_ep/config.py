@@ -76,6 +76,10 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_PROB_PUTS", "run",
            "dispatch between domains: run puts a run of tokens' probs at once (restriped); token "
            "puts each token's probs on its own, as before the restripe (for comparison)"),
+    EnvVar("HYBRID_EP_NET_RING_CHUNKS", "auto",
+           "several domains: chunk slots per other domain of the rings the rows and partials "
+           "between domains land in (the receiver credits each consumed slot back); auto: the "
+           "deepest that keeps a ring within 64 MiB, 1 to every chunk"),
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
@@ -125,6 +129,14 @@ def env_int(name: str, default: int | None, minimum: int = 1, maximum: int | Non
         raise ValueError(f"environment variable {name}={value!r}: expected an integer >= {minimum}"
                          f"{upper}")
     return number
+
+
+def net_ring_chunks_from_env() -> int:
+    """HYBRID_EP_NET_RING_CHUNKS: an integer >= 1, or unset/auto (0: the layout's default)."""
+    value = _raw("HYBRID_EP_NET_RING_CHUNKS")
+    if value is None or value.strip().lower() == "auto":
+        return 0
+    return env_int("HYBRID_EP_NET_RING_CHUNKS", 0, 1, 2**31 - 1)
 
 
 def env_float(name: str, default: float) -> float:
@@ -216,6 +228,7 @@ class EnvSettings:
     combine_wire: str = "bf16"  # bf16 or fp32
     p2p_wire: WireSpec | None = None  # HYBRID_EP_P2P_WIRE; None: off
     prob_puts: str = "run"  # run or token
+    net_ring_chunks: int = 0  # HYBRID_EP_NET_RING_CHUNKS; 0: automatic
 
 
     @staticmethod
@@ -245,6 +258,7 @@ class EnvSettings:
             combine_wire=env_choice("HYBRID_EP_COMBINE_WIRE", "bf16", ("bf16", "fp32")),
             p2p_wire=p2p_wire.parse(_raw("HYBRID_EP_P2P_WIRE")),
             prob_puts=env_choice("HYBRID_EP_PROB_PUTS", "run", ("run", "token")),
+            net_ring_chunks=net_ring_chunks_from_env(),
         )
 
 

@@ -103,6 +103,7 @@ class CudaEngine(Engine):
         rc.fabric = self.use_mnnvl
         rc.combine_wire_fp32 = self.env.combine_wire == "fp32"
         rc.prob_puts_per_token = self.env.prob_puts == "token"
+        rc.net_ring_chunks = self.env.net_ring_chunks
         rc.transport_options = transport_options.runtime_options(
             C.build_info()["transport"], self.topo.num_of_nodes, self.env, config, self.device)
         rc.transport_options = {**rc.transport_options, **transport_bootstrap.group_options(
@@ -273,7 +274,14 @@ class CudaEngine(Engine):
         dispatched, needed, own_begin, own_end, routed = self.runtime.summary()
         if needed > self.config.max_num_of_tokens_per_rank:
             raise NeedsGrowth(int(needed))
-        if routed > self.config.received_rows:
+        cap = self.config.received_rows
+        worst = self.topo.group_size * self.config.max_num_of_tokens_per_rank
+        if self.topo.num_of_nodes > 1 and cap < worst:
+            # Each domain counts the rows of its own ranks only (the gathered routing holds its
+            # experts' bits): agree on the group's most on the host, so every domain grows
+            # together. Only a cap below W x T can be outgrown, so only then.
+            routed = max(self.rendezvous.gather("dispatch (receive cap)", int(routed)))
+        if routed > cap:
             raise NeedsGrowth(int(routed), RECEIVED)
         layout.num_dispatched_tokens = int(dispatched)
         layout.own_rows = (int(own_begin), int(own_end))

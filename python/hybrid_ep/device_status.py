@@ -20,10 +20,13 @@ WAIT_SITES = {"kBarrier": "domain barrier", "kAllgather": "routing all-gather",
               "kNetworkAllgather": "network routing all-gather",
               "kForward": "forwarded routing maps", "kUnpermuteChunk": "unpermuted chunk",
               "kReceiveRelease": "release of the previous dispatch's rows",
-              "kGatheredStamps": "routing all-gather (every rank's stamp)"}
+              "kGatheredStamps": "routing all-gather (every rank's stamp)",
+              "kDispatchCredit": "network dispatch ring credit",
+              "kCombineCredit": "network combine ring credit"}
 # Sites whose peer is a domain (its rank: the same local rank there); kGatheredStamps' is a
 # global rank.
-_NETWORK_SITES = ("kNetworkFlag", "kNetworkCombine", "kNetworkBarrier", "kNetworkAllgather")
+_NETWORK_SITES = ("kNetworkFlag", "kNetworkCombine", "kNetworkBarrier", "kNetworkAllgather",
+                  "kDispatchCredit", "kCombineCredit")
 DOMAIN_DISAGREES = 1 << 63  # kDomainDisagrees of kernels/common/flags.cuh (tests compare)
 
 

@@ -5,26 +5,29 @@ from __future__ import annotations
 
 from . import native
 from . import validation as v
-from .config import env_choice, env_int, receive_rows
+from .config import env_choice, env_int, net_ring_chunks_from_env, receive_rows
 from .topology import check_ranks_per_domain
 
 # BufferLayout's regions (csrc/hybrid_ep/memory/layout.h) in the order they lie in the buffer;
 # the plan itself follows the binding's walk, so a region added there shows up in it (and the
 # tests, which compare the two, name it).
-REGIONS = ("routing", "token_counts", "call_stamps", "barrier_stamps", "net_barrier_stamps",
-           "dispatch_rows", "dispatch_probs", "dispatch_scales", "combine_rows", "combine_probs",
-           "net_rows", "net_probs", "net_scales", "restriped_probs", "staged_rows",
-           "staged_scales", "partials", "partial_probs", "net_partials", "net_partial_probs",
-           "barrier_flags", "forward_flags", "dispatch_flags", "unpermute_flags",
-           "network_flags", "combine_flags", "net_barrier_flags", "receive_releases")
+REGIONS = ("routing", "staged_routing", "token_counts", "call_stamps", "barrier_stamps",
+           "net_barrier_stamps", "dispatch_rows", "dispatch_probs", "dispatch_scales",
+           "combine_rows", "combine_probs", "net_rows", "net_probs", "net_scales",
+           "restriped_probs", "staged_rows", "staged_scales", "partials", "partial_probs",
+           "net_partials", "net_partial_probs", "barrier_flags", "forward_flags",
+           "dispatch_flags", "unpermute_flags", "network_flags", "combine_flags",
+           "dispatch_credits", "combine_credits",
+           "net_barrier_flags", "receive_releases")
 # Regions only traffic between domains uses. The tiles are empty with one domain; the flag
 # tables keep one row per domain even then (this domain's, never used), so they count only
 # with several domains.
-NETWORK_TILES = ("net_rows", "net_probs", "net_scales", "restriped_probs", "staged_rows",
-                 "staged_scales", "partials", "partial_probs", "net_partials",
+NETWORK_TILES = ("staged_routing", "net_rows", "net_probs", "net_scales", "restriped_probs",
+                 "staged_rows", "staged_scales", "partials", "partial_probs", "net_partials",
                  "net_partial_probs")
-NETWORK_FLAGS = ("network_flags", "combine_flags", "net_barrier_flags", "net_barrier_stamps")
-_OPTIONS = ("combine_wire", "num_of_tokens_per_chunk_dispatch_api",
+NETWORK_FLAGS = ("network_flags", "combine_flags", "dispatch_credits", "combine_credits",
+                 "net_barrier_flags", "net_barrier_stamps")
+_OPTIONS = ("combine_wire", "num_of_tokens_per_chunk_dispatch_api", "net_ring_chunks",
             "max_num_of_tokens_for_experts")
 _WIRES = ("bf16", "fp32")
 # Past this a region's size would no longer fit the layout's 64-bit arithmetic.
@@ -39,8 +42,8 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
 
     Returns a dict: every region of the layout (``REGIONS``, in buffer order) -> its bytes,
     without the padding that aligns the next region to 256 bytes; then ``network``, the bytes
-    only traffic between NVLink domains uses: the regions ``NETWORK_TILES`` (net_rows,
-    net_probs, net_scales, restriped_probs, staged_rows, staged_scales, partials,
+    only traffic between NVLink domains uses: the regions ``NETWORK_TILES`` (staged_routing,
+    net_rows, net_probs, net_scales, restriped_probs, staged_rows, staged_scales, partials,
     partial_probs, net_partials, net_partial_probs) plus, with several domains, the flag tables
     ``NETWORK_FLAGS`` (network_flags, combine_flags, net_barrier_flags, net_barrier_stamps;
     with one domain they hold only this domain's unused row, so ``network`` is 0); and
@@ -52,7 +55,10 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
       combine_wire: "bf16" or "fp32", the combine's partial sums between domains at 2 or 4
         bytes a value (default: HYBRID_EP_COMBINE_WIRE, else "bf16").
       num_of_tokens_per_chunk_dispatch_api: tokens per dispatch chunk, which sizes the flag
-        tables (default: NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API, else 64).
+        tables and the rings' slots (default: NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API, else 64).
+      net_ring_chunks: chunk slots per other domain of the rings between domains, >= 1
+        (default: HYBRID_EP_NET_RING_CHUNKS, else the deepest ring within 64 MiB); capped at the
+        chunks of max_num_of_tokens_per_rank.
       max_num_of_tokens_for_experts: the receive cap, rows of the in-domain receive regions
         (dispatch_rows, dispatch_probs, dispatch_scales, combine_rows, combine_probs), at most
         world_size x max_num_of_tokens_per_rank (default: HybridEPBuffer's,
@@ -82,6 +88,9 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
     if chunk is None:
         chunk = env_int("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", 64, 1, 4096)
     chunk = v.require_int("num_of_tokens_per_chunk_dispatch_api", chunk, minimum=1)
+    ring = options.get("net_ring_chunks")
+    ring = net_ring_chunks_from_env() if ring is None else v.require_int("net_ring_chunks", ring,
+                                                                         minimum=1)
     cap = options.get("max_num_of_tokens_for_experts")
     if cap is not None:
         cap = v.require_int("max_num_of_tokens_for_experts", cap, minimum=1)
@@ -92,8 +101,9 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
                          f"hidden_dim={hidden}, num_local_experts={experts}: too large for the "
                          "layout's 64-bit sizes; expected a smaller config")
     sizes = native.module().buffer_layout(world, ranks, experts, tokens, hidden, chunk,
-                                          wire == "fp32", receive_rows(world, tokens, cap))
-    plan = {name: int(size) for name, size in sizes.items() if name != "total"}
+                                          wire == "fp32", ring, receive_rows(world, tokens, cap))
+    plan = {name: int(size) for name, size in sizes.items()
+            if name not in ("total", "net_ring_chunks")}
     network = sum(plan[name] for name in NETWORK_TILES)
     if world // ranks > 1:
         network += sum(plan[name] for name in NETWORK_FLAGS)

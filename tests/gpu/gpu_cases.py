@@ -13,8 +13,9 @@ reproduces. A *spec* is a plain dict:
   the FP8 kinds with fp32 scales ``[T, H/128]``;
 - ``form``: ``map`` (routing_map + probs) or ``topk`` (topk_idx + topk_weights);
 - ``k``: experts per token; ``routing``: ``uniform``, ``skew`` (every token only to experts of
-  rank ``target``, default the last) or ``empty`` (no token goes anywhere); uniform and skew
-  leave about one slot in eight empty (-1), so some tokens go nowhere;
+  rank ``target``, default the last), ``domain`` (every token to every expert of the NVLink
+  domain of ``target``: k is E*R) or ``empty`` (no token goes anywhere); all but empty leave
+  about one slot in eight empty (-1), so some tokens go nowhere;
 - ``with_probs``; ``tokens``: T_r per rank (ragged, zeros allowed); ``max_tokens``: each rank's
   ``max_num_of_tokens_per_rank`` argument (they may differ; the buffer agrees on the maximum);
 - ``reuse``: also dispatch again with the handle and combine twice with it;
@@ -174,6 +175,11 @@ def make_routing(ctx: Ctx, spec: dict, T: int, salt: str = "routing") -> dict:
         target = spec.get("target", W - 1)
         k = min(k, E)
         idx = target * E + torch.rand((T, E), generator=g, device=ctx.dev).topk(k, dim=1).indices
+    elif pattern == "domain":  # every expert of the target's NVLink domain (k is E*R)
+        width = E * spec.get("R", W)
+        k = width
+        first = spec.get("target", W - 1) * E // width * width
+        idx = (first + torch.arange(width, device=ctx.dev)).expand(T, width).contiguous()
     elif pattern == "empty":
         idx = torch.full((T, k), -1, dtype=torch.int64, device=ctx.dev)
     else:
@@ -397,11 +403,22 @@ def two_buffers(ctx: Ctx, spec_a: dict, spec_b: dict) -> dict:
 
 @job
 def long_run(ctx: Ctx, seed: int, H: int, E: int, max_tokens: int, iters: int,
-             check_every: int, R: int | None = None) -> dict:
+             check_every: int, R: int | None = None, slow_domain: int | None = None,
+             sleep_cycles: int = 0) -> dict:
     """``iters`` dispatch/combine pairs with fresh routing, token counts, forms and top-k each
     time; every combine(dispatch(x)) checked exactly, every ``check_every``-th call against the
-    reference too, every 7th also re-dispatched with its handle."""
+    reference too, every 7th also re-dispatched with its handle. With ``slow_domain`` the ranks
+    of that domain run a GPU sleep of ``sleep_cycles`` before each dispatch and combine, so that
+    they lag behind the others' kernels."""
     W, r = ctx.W, ctx.rank
+    # (The dry run on a CPU has no GPU to sleep on.)
+    slow = (slow_domain is not None and R is not None and r // R == slow_domain
+            and torch.cuda.is_available())
+
+    def lag():
+        if slow:
+            torch.cuda._sleep(sleep_cycles)
+
     buf = ctx.buffer(H, max_tokens, E, **domain_args({"R": R} if R else {}))
     stats = Stats()
     reused = 0
@@ -422,11 +439,13 @@ def long_run(ctx: Ctx, seed: int, H: int, E: int, max_tokens: int, iters: int,
         x, _ = make_hidden(ctx, spec, T, "x")
         rt = make_routing(ctx, spec, T)
         what = f"call {i}"
+        lag()
         out = buf.dispatch(hidden=x, **routing_args(spec, rt))
         compare = i % check_every == 0 or i == iters - 1
         if compare:
             ref = buf.dispatch(hidden=x.cpu(), **routing_args(spec, rt, on_cpu=True))
             check_dispatch(ctx, out, ref, what, x.dtype, stats)
+        lag()
         combined = check_round_trip(ctx, buf, out, x, rt, spec, f"{what} round trip")
         if compare:  # the reference's round trip, from the reference's own dispatch
             exp = reference_combine(buf, spec, ref[0], ref[1], ref[3])

@@ -119,16 +119,21 @@ def network_send(ctx, nodes: int, chunk: int, pattern: str, channels: int, round
                                    stream)
         status = runtime.status()
         assert status["code"] == 0, f"{ctx.where()} round {n}: network wait failed: {status}"
-        tiles = torch.empty(nodes * T * row_bytes, dtype=torch.uint8, device=ctx.dev)
+        # The rings [N-1, K, chunk, row_bytes]: with every chunk in the ring (the check's
+        # condition), token t of the domain at index k among the others is row t of ring k.
+        ring_rows = offsets["net_ring_chunks"] * chunk
+        tiles = torch.empty((nodes - 1) * ring_rows * row_bytes, dtype=torch.uint8,
+                            device=ctx.dev)
         runtime.copy_registered(offsets["net_rows"], tiles.numel(), tiles.data_ptr(), stream)
-        tiles = tiles.view(nodes, T, row_bytes).cpu()
+        tiles = tiles.view(nodes - 1, ring_rows, row_bytes)[:, :T].cpu()
         for source_node in range(nodes):
             if source_node == node:
                 continue
             src_goes, src_rows = _network_inputs(n, source_node * R + local, T, nodes, row_bytes,
                                                  pattern)
             mine = src_goes[:, node if node < source_node else node - 1]
-            assert torch.equal(tiles[source_node][mine], src_rows[mine]), \
+            ring = source_node if source_node < node else source_node - 1
+            assert torch.equal(tiles[ring][mine], src_rows[mine]), \
                 f"{ctx.where()} round {n}: rows from domain {source_node} differ"
         count_dispatch_sends(want, goes, T, chunk, blocks, RowWidths(row_bytes, 0, 0))
         dist.barrier()  # every peer read its tiles before the next round overwrites them

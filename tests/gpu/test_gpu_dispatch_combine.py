@@ -3,7 +3,7 @@
 A covering matrix rather than a product: over each world size (1, 2, 4, 8 ranks on GPU 0),
 every hidden size with each dtype it supports (FP8 needs H % 128 == 0: 7168, 4096 and 640;
 2064 is an odd multiple of 16, BF16 only), each top-k (1, 2, 8), each routing (uniform, skewed
-onto one rank, empty), both routing forms, with and without probs, ragged token counts with a
+onto one rank, every expert of the domain, empty), both routing forms, with and without probs, ragged token counts with a
 rank of none, handle reuse and non-contiguous inputs. The first two cases of every world size also run
 with one rank per GPU where there are enough GPUs.
 """
@@ -39,6 +39,8 @@ MATRIX = [
     (4, {"H": 2064, "form": "topk", "k": 2, "routing": "empty", "probs": False, "max_tok": 512}, False),
     (4, {"H": 7168, "dtype": "u8", "form": "topk", "k": 1, "probs": False, "max_tok": 200}, False),
     (4, {"H": 4096, "form": "map", "k": 1, "max_tok": 300, "strided": True}, False),
+    # every token to all 40 experts of the domain (ranks of 10 straddle the gathered bits' words)
+    (4, {"H": 2064, "form": "topk", "k": 40, "E": 10, "routing": "domain", "max_tok": 128}, False),
 
     (8, {"H": 7168, "form": "topk", "k": 8, "E": 32, "max_tok": 128, "reuse": True}, True),
     (8, {"H": 4096, "dtype": "u8", "form": "map", "k": 2, "routing": "skew", "max_tok": 256}, True),

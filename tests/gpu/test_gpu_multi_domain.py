@@ -1,10 +1,11 @@
 """Several NVLink domains on one GPU (the p2p transport between them): domains x ranks 2x1,
 2x2, 2x4, 4x2 and 8x1, against the reference engine. Dispatch and combine over dtypes,
-routings (uniform, skewed onto one domain, empty), ragged counts below the maximum with 3+
-domains, handle reuse; the permute path in both modes; 200 alternating calls with fresh routing;
-and the network counters: exactly 2 (BF16) or 3 (FP8) puts and 1 signal per (chunk,
-destination domain) for dense routing, one put per run for run-structured routing, the CUDA
-engine's counters equal to the reference's model for dispatch and combine."""
+routings (uniform, skewed onto one domain, every expert of one domain, empty; up to 48 experts
+per token), ragged counts below the maximum with 3+ domains, handle reuse; the permute path in
+both modes; 200 alternating calls with fresh routing; and the network counters: exactly 2
+(BF16) or 3 (FP8) puts and 1 signal per (chunk, destination domain) for dense routing, one put
+per run for run-structured routing, the CUDA engine's counters equal to the reference's model
+for dispatch and combine."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ MATRIX = [
     (2, 4, {"H": 7168, "form": "topk", "k": 8, "E": 8, "max_tok": 128, "reuse": True}),
     (2, 4, {"H": 4096, "dtype": "e4m3", "form": "map", "k": 2, "routing": "skew", "max_tok": 100,
             "strided": True}),
+    # many experts per token: all 48 of the last domain (ranks of 12 straddle the 32-bit words
+    # of the gathered bits), and 40 of 96 across both domains
+    (2, 4, {"H": 2064, "form": "map", "k": 48, "E": 12, "routing": "domain", "max_tok": 96}),
+    (2, 2, {"H": 4096, "form": "topk", "k": 40, "E": 24, "tokens": "ragged", "max_tok": 64}),
     (4, 2, {"H": 4096, "form": "topk", "k": 2, "tokens": "ragged", "max_tok": 150,
             "max_tokens": "own", "reuse": True}),
     (4, 2, {"H": 7168, "dtype": "u8", "form": "map", "k": 8, "E": 8, "max_tok": 64}),

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
@@ -56,7 +57,9 @@ void register_runtime(py::module_& m) {
       .value("kForward", WaitSite::kForward)
       .value("kUnpermuteChunk", WaitSite::kUnpermuteChunk)
       .value("kReceiveRelease", WaitSite::kReceiveRelease)
-      .value("kGatheredStamps", WaitSite::kGatheredStamps);
+      .value("kGatheredStamps", WaitSite::kGatheredStamps)
+      .value("kDispatchCredit", WaitSite::kDispatchCredit)
+      .value("kCombineCredit", WaitSite::kCombineCredit);
 
   py::class_<RuntimeConfig>(m, "RuntimeConfig")
       .def(py::init<>())
@@ -82,6 +85,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("fabric", &RuntimeConfig::fabric)
       .def_readwrite("combine_wire_fp32", &RuntimeConfig::combine_wire_fp32)
       .def_readwrite("prob_puts_per_token", &RuntimeConfig::prob_puts_per_token)
+      .def_readwrite("net_ring_chunks", &RuntimeConfig::net_ring_chunks)
       .def_readwrite("transport_options", &RuntimeConfig::transport_options);
 
   py::class_<Runtime>(m, "Runtime")
@@ -150,6 +154,7 @@ void register_runtime(py::module_& m) {
              const BufferLayout& l = r.layout();
              py::dict d;
              d["net_rows"] = l.net_rows;
+             d["net_ring_chunks"] = r.shape().net_ring_chunks;
              d["dispatch_rows"] = l.dispatch_rows;
              d["network_flags"] = l.network_flags;
              d["combine_rows"] = l.combine_rows;
@@ -177,8 +182,9 @@ void register_runtime(py::module_& m) {
       .def("summary",
            [](const Runtime& r) {
              const PreprocessSummary& s = r.host_summary();
-             return py::make_tuple(s.dispatched, s.largest, s.own_begin, s.own_end,
-                                   s.largest_received);
+             int64_t routed = 0;  // the most rows routed to a rank of this domain
+             for (int j = 0; j < r.config().ranks; ++j) routed = std::max(routed, s.routed[j]);
+             return py::make_tuple(s.dispatched, s.largest, s.own_begin, s.own_end, routed);
            })
       .def("preprocess",
            [](Runtime& r, uintptr_t routing_map, int num_tokens, uintptr_t s2d, uintptr_t r2a,

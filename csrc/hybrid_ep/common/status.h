@@ -22,6 +22,8 @@ enum class WaitSite : int32_t {
   kUnpermuteChunk = 9,    // a chunk unpermuted by a local rank (fused combine_with_unpermute)
   kReceiveRelease = 10,   // a local rank still reading the previous dispatch's rows
   kGatheredStamps = 11,   // the stamps the routing all-gather brought (peer: a global rank)
+  kDispatchCredit = 12,   // a ring slot of dispatch rows consumed by the peer of another domain
+  kCombineCredit = 13,    // a ring slot of combine partials consumed by the peer of another domain
 };
 
 struct DeviceStatus {

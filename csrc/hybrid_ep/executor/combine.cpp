@@ -148,7 +148,11 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
     a.partial_probs_at = l.partial_probs;
     a.net_partials = l.net_partials;
     a.net_partial_probs = l.net_partial_probs;
-    a.combine_flags = l.flag_tables(s).combine.with_chunks(a.max_chunks);
+    const FlagTables flags = l.flag_tables(s);
+    a.combine_flags = flags.combine.with_chunks(a.max_chunks);
+    a.ring_chunks = int(s.net_ring_chunks);
+    a.combine_credits = flags.combine_credits.with_chunks(a.max_chunks);
+    a.control = runtime.control_transport();
   }
   // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
   // (or what HYBRID_EP_COMBINE_PIECES asks for, where the hidden size splits so).

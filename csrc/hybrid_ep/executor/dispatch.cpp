@@ -50,6 +50,9 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.net_probs = l.net_probs;
   p.net_scales = l.net_scales;
   p.network_flags = flags.network.with_chunks(p.max_chunks);
+  p.ring_chunks = int(s.net_ring_chunks);
+  p.dispatch_credits = flags.dispatch_credits.with_chunks(p.max_chunks);
+  p.control = runtime.control_transport();
   p.wait_receivers = runtime.releases_receive();
   p.receive_releases = l.receive_releases;
   if (c.nodes > 1 && call.probs != nullptr) {

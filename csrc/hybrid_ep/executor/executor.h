@@ -33,8 +33,8 @@ struct PreprocessCall {
 
 // All-gather the routing over the domain, then the metadata kernels. Afterwards
 // runtime.host_summary() holds the dispatched rows, the largest token count of any rank, the
-// most rows routed to any rank and the range of this rank's own rows, once the stream reaches
-// this point.
+// rows routed to each rank of this domain and the range of this rank's own rows, once the
+// stream reaches this point.
 void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t stream);
 
 struct DispatchCall {

@@ -1,19 +1,36 @@
+#include <algorithm>
+
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/executor/executor.h"
 
 namespace hybrid_ep {
+namespace {
+
+// The all-gather's blocks that stage this rank's bits for the other domains: about 16 words per
+// thread of 512, at most the preprocessing's SM count.
+int staging_blocks(const RuntimeConfig& c, int64_t words) {
+  if (c.nodes == 1) return 0;
+  const int64_t work = int64_t(c.nodes - 1) * c.max_tokens * words;
+  return int(std::clamp<int64_t>((work + 512 * 16 - 1) / (512 * 16), 1, c.sms_preprocessing));
+}
+
+}  // namespace
 
 void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t stream) {
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
-  const FlagTables flags = l.flag_tables(runtime.shape());
+  const BufferShape& shape = runtime.shape();
+  const FlagTables flags = l.flag_tables(shape);
   AllgatherParams gather{};
   gather.domain = runtime.domain();
   gather.routing_map = call.routing_map;
   gather.num_tokens = call.num_tokens;
   gather.max_tokens = c.max_tokens;
-  gather.experts_total = c.experts_per_rank * c.world;
+  gather.domain_cols = int(shape.prob_cols());
+  gather.routing_words = int(shape.routing_words());
+  gather.staging_blocks = staging_blocks(c, shape.routing_words());
   gather.routing = l.routing;
+  gather.staged_routing = l.staged_routing;
   gather.token_counts = l.token_counts;
   gather.call_stamps = l.call_stamps;
   gather.barrier_flags = flags.barrier;
@@ -24,8 +41,9 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
     net.domain = gather.domain;
     net.transport = runtime.control_transport();
     net.max_tokens = c.max_tokens;
-    net.experts_total = gather.experts_total;
+    net.routing_words = gather.routing_words;
     net.routing = l.routing;
+    net.staged_routing = l.staged_routing;
     net.token_counts = l.token_counts;
     net.call_stamps = l.call_stamps;
     net.net_barrier_flags = flags.net_barrier;
@@ -36,7 +54,11 @@ void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t s
 
   MetadataParams meta{};
   meta.domain = gather.domain;
-  meta.routing = runtime.registered() + l.routing;
+  meta.routing = reinterpret_cast<const uint32_t*>(runtime.registered() + l.routing);
+  meta.staged_routing =
+      c.nodes > 1 ? reinterpret_cast<const uint32_t*>(runtime.registered() + l.staged_routing)
+                  : nullptr;
+  meta.routing_words = gather.routing_words;
   meta.token_counts = reinterpret_cast<const uint64_t*>(runtime.registered() + l.token_counts);
   meta.call_stamps = reinterpret_cast<const uint64_t*>(runtime.registered() + l.call_stamps);
   meta.max_tokens = c.max_tokens;

@@ -68,6 +68,14 @@ void run_network_send_check(Runtime& runtime, const bool* goes, const uint8_t* r
         ", row_bytes=" + std::to_string(row_bytes) + ": expected " + std::to_string(c.max_tokens) +
         " (the buffer's tokens) and a multiple of 16 up to " + std::to_string(s.max_row_bytes));
   }
+  // The check sends every chunk at once, with no credits: each needs its own ring slot.
+  if (s.net_ring_chunks < s.max_chunks()) {
+    throw std::invalid_argument(
+        "network send check: the rings hold " + std::to_string(s.net_ring_chunks) +
+        " chunks per domain: expected "
+        "all " +
+        std::to_string(s.max_chunks()) + " (HYBRID_EP_NET_RING_CHUNKS unset or larger)");
+  }
   NetworkSendCheckParams p{};
   p.domain = runtime.domain();
   p.transport = runtime.transport();
@@ -79,6 +87,7 @@ void run_network_send_check(Runtime& runtime, const bool* goes, const uint8_t* r
   p.chunk = c.dispatch_chunk;
   p.row_bytes = row_bytes;
   p.net_rows = l.net_rows;
+  p.ring_chunks = int(s.net_ring_chunks);
   p.network_flags = l.flag_tables(s).network;
   launch_network_send_check(p, blocks, stream);
   HYBRID_EP_CUDA_CHECK(cudaStreamSynchronize(stream));

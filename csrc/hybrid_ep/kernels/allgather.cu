@@ -1,42 +1,58 @@
-// Routing all-gather: this rank's routing map (zero-padded to T rows), token count and call
-// stamp into the routing region of every rank of the domain. Block j writes to local rank j,
-// signals it, then waits for local rank j's rows to arrive here, so the kernel ends with the
-// gather complete. With several domains a second kernel (one block) then puts this rank's map
-// to the peer of every other domain, waits for theirs, and forwards them to the rest of the
-// domain. The signals are the domain barrier's (barrier.cu says why), each with the stamp.
+// Routing all-gather: this rank's tokens (zero-padded to T), token count and call stamp into
+// the routing region of every rank of the domain, as bits of that domain's experts only
+// (kernels/common/routing_bits.h). Block j packs them straight into local rank j, signals it,
+// then waits for local rank j's rows to arrive here, so the kernel ends with the gather
+// complete. With several domains, blocks past R meanwhile pack this rank's bits for each other
+// domain into staged_routing, and a second kernel (one block) puts those to the peer of every
+// other domain, waits for theirs, and forwards them to the rest of the domain. The signals are
+// the domain barrier's (barrier.cu says why), each with the stamp.
 #include <algorithm>
 
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
+#include "hybrid_ep/kernels/common/routing_bits.h"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/transport/transport_device.cuh"
 
 namespace hybrid_ep {
 namespace {
 
+// Words [first, T * words) step `step` of this rank's bits for domain n, [T, words], into `out`
+// (a peer's routing row or the staging); zero past this rank's tokens.
+__device__ void pack_domain(const AllgatherParams& p, int n, uint32_t* out, int64_t first,
+                            int64_t step) {
+  const int words = p.routing_words;
+  const int64_t valid = int64_t(min(p.num_tokens, p.max_tokens)) * words;
+  const int64_t total = int64_t(p.max_tokens) * words;
+  const int64_t row_bytes = int64_t(p.domain_cols) * p.domain.nodes;
+  const bool vector = routing_vector_reads(p.routing_map, p.domain_cols);
+  for (int64_t i = first; i < total; i += step) {
+    const int64_t t = i / words;
+    out[i] = i < valid ? routing_word_of_row(p.routing_map + t * row_bytes, p.domain_cols, n,
+                                             int(i % words), vector)
+                       : 0;
+  }
+}
+
 __global__ void allgather_kernel(AllgatherParams p) {
   const DomainView& d = p.domain;
   if (d.aborted()) return;
+  const size_t row_bytes = sizeof(uint32_t) * p.routing_words * size_t(p.max_tokens);
+  if (int(blockIdx.x) >= d.ranks) {  // a staging block: every other domain's bits, no waits
+    const int b = blockIdx.x - d.ranks;
+    for (int k = 0; k < d.nodes - 1; ++k) {
+      uint32_t* out = reinterpret_cast<uint32_t*>(d.self() + p.staged_routing + row_bytes * k);
+      pack_domain(p, other_domain(k, d.node_rank), out, int64_t(b) * blockDim.x + threadIdx.x,
+                  int64_t(p.staging_blocks) * blockDim.x);
+    }
+    return;
+  }
   const int peer = blockIdx.x;
   const int my_rank = d.node_rank * d.ranks + d.local_rank;
-  const size_t row_bytes = p.experts_total;
-  const size_t total = row_bytes * p.max_tokens;
-  const size_t valid = row_bytes * min(p.num_tokens, p.max_tokens);
-  uint8_t* dst = d.peer(peer) + p.routing + total * my_rank;
-  const uint8_t* src = p.routing_map;
-
-  const bool vector_ok =
-      ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | total | valid) &
-       15) == 0;
-  if (vector_ok) {
-    for (size_t i = threadIdx.x * 16; i < total; i += blockDim.x * 16) {
-      const uint4 v = i < valid ? *reinterpret_cast<const uint4*>(src + i) : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(dst + i) = v;
-    }
-  } else {
-    for (size_t i = threadIdx.x; i < total; i += blockDim.x) dst[i] = i < valid ? src[i] : 0;
-  }
+  pack_domain(p, d.node_rank,
+              reinterpret_cast<uint32_t*>(d.peer(peer) + p.routing + row_bytes * my_rank),
+              threadIdx.x, blockDim.x);
   if (threadIdx.x == 0) {
     reinterpret_cast<uint64_t*>(d.peer(peer) + p.token_counts)[my_rank] = p.num_tokens;
     reinterpret_cast<uint64_t*>(d.peer(peer) + p.call_stamps)[my_rank] = d.stamp;
@@ -73,11 +89,12 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
   const DomainView& d = p.domain;
   if (d.aborted()) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const size_t map_bytes = size_t(p.experts_total) * p.max_tokens;
+  const size_t map_bytes = sizeof(uint32_t) * p.routing_words * size_t(p.max_tokens);
   const int me = d.node_rank * d.ranks + d.local_rank;
   uint8_t* self = d.self();
-  // 1. This rank's map, count and stamp (the first kernel put them into its own region) to
-  // each peer; the stamp also into the barrier's slot, as the barrier's network signal carries.
+  // 1. This rank's bits for domain n (staged by the first kernel), count and stamp (in its own
+  // region) to the peer there, into row `me` of its routing; the stamp also into the barrier's
+  // slot, as the barrier's network signal carries.
   for (int k = warp; k < d.nodes - 1; k += warps) {
     const int n = other_domain(k, d.node_rank);
     const size_t slot = stamp_slot(p.net_barrier_stamps, d.nodes,
@@ -86,7 +103,7 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
     __threadfence_system();
     __syncwarp();
     TransportDevice::put(p.transport, 0, n, p.routing + map_bytes * me,
-                         self + p.routing + map_bytes * me, map_bytes, lane);
+                         self + p.staged_routing + map_bytes * k, map_bytes, lane);
     TransportDevice::put(p.transport, 0, n, p.token_counts + sizeof(uint64_t) * me,
                          self + p.token_counts + sizeof(uint64_t) * me, sizeof(uint64_t), lane);
     TransportDevice::put(p.transport, 0, n, p.call_stamps + sizeof(uint64_t) * me,
@@ -96,7 +113,7 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
   }
   if (warp < d.nodes - 1) TransportDevice::flush(p.transport, 0, lane);
   __syncthreads();  // every warp read the counters before the waits below advance them
-  // 2. The peers' maps are here.
+  // 2. The peers' rows are here.
   if (int(threadIdx.x) < d.nodes && int(threadIdx.x) != d.node_rank) {
     const int n = threadIdx.x;
     const size_t mine = p.net_barrier_flags.slot(n);
@@ -112,7 +129,7 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
   // A mismatch (found here or in the domain's part) is known to every rank by now: stop before
   // forwarding, as ranks in a barrier instead of this all-gather would never forward theirs.
   if (d.settle()) return;
-  // 3. Forward them to every other rank of the domain.
+  // 3. Forward them (this domain's bits) to every other rank of the domain.
   for (int k = 0; k < d.nodes - 1; ++k) {
     const int source = other_domain(k, d.node_rank) * d.ranks + d.local_rank;
     for (int j = 0; j < d.ranks; ++j) {
@@ -129,7 +146,7 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
   }
   __threadfence_system();
   __syncthreads();
-  // 4. Every local rank forwarded its peers' maps here.
+  // 4. Every local rank forwarded its peers' rows here.
   const int j = threadIdx.x;
   if (j < d.ranks && j != d.local_rank) {
     signal_flag(reinterpret_cast<uint64_t*>(d.peer(j) + p.forward_flags.slot(d.local_rank)));
@@ -142,7 +159,7 @@ __global__ void allgather_network_kernel(AllgatherNetworkParams p) {
 }  // namespace
 
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream) {
-  allgather_kernel<<<p.domain.ranks, 512, 0, stream>>>(p);
+  allgather_kernel<<<p.domain.ranks + p.staging_blocks, 512, 0, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 

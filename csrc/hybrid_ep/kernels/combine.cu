@@ -80,10 +80,26 @@ __device__ __forceinline__ void issue_copies(const Smem& s, const PassShape& sha
   }
 }
 
-// Loader warp, first pass: stages each chunk's routes (the next chunk's are loaded into
-// registers meanwhile) and issues its copies.
-__device__ void load_copies(const CombineParams& p, const Smem& s, const ChunkWalk& walk,
-                            LoaderCursor& cur, int lane) {
+// Loader warp, final pass (several domains): own chunk j, once this block's partials of it are
+// written and every other domain's have arrived, the partials of each token.
+__device__ void load_partials(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int j,
+                              LoaderCursor& cur, int lane) {
+  const PassShape shape = pass_shape(p, s, Pass::kFinal);
+  const ChunkRoutes routes{s.loader_rows, shape.width};
+  const combine::OwnChunk own = combine::own_chunk(p, j);
+  if (lane == 0) {
+    combine::wait_partials(p, s.reduced, kReduceWarps * walk.reduced_through_own(p, j), own.c);
+  }
+  __syncwarp();  // every lane is done with the previous chunk's routes
+  combine::stage_partial_routes(p, routes, own.first, own.last, lane, 32);
+  __syncwarp();
+  issue_copies(s, shape, routes, own.first, own.last, cur, lane);
+}
+
+// Loader warp: the walk round by round (ChunkWalk); each first-pass chunk's routes are staged (the
+// next chunk's are loaded into registers meanwhile) and its copies issued; with several domains the
+// round's final-pass chunks follow.
+__device__ void load_walk(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kReduce);
   const ChunkRoutes routes{s.loader_rows, shape.width};
   const auto fetch = [&](HeldRoutes& held, int k) {
@@ -91,36 +107,23 @@ __device__ void load_copies(const CombineParams& p, const Smem& s, const ChunkWa
     const ChunkItem it = walk.at(p, k);
     held.fetch(p.sparse_to_dense_map, it.first, it.last, shape.width, lane, 32);
   };
+  LoaderCursor cur;
   HeldRoutes next;
   fetch(next, 0);
-  for (int k = 0; k < walk.items; ++k) {
-    const ChunkItem chunk = walk.at(p, k);
-    __syncwarp();  // every lane is done with the previous chunk's routes
-    next.put(routes, lane, 32);
-    fetch(next, k + 1);
-    // After a failed wait the stages are loaded anyway: the reduce warps must finish, and the
-    // abort word makes the call report instead of returning what it read.
-    if (p.unpermute_blocks > 0 && lane == 0) wait_unpermuted(p, chunk.first, chunk.last);
-    __syncwarp();
-    issue_copies(s, shape, routes, chunk.first, chunk.last, cur, lane);
-  }
-}
-
-// Loader warp, final pass (several domains): per own chunk, once this block's partials of it
-// are written and every other domain's have arrived, the partials of each token.
-__device__ void load_partials(const CombineParams& p, const Smem& s, const ChunkWalk& walk,
-                              LoaderCursor& cur, int lane) {
-  const PassShape shape = pass_shape(p, s, Pass::kFinal);
-  const ChunkRoutes routes{s.loader_rows, shape.width};
-  for (int k = 0; k < walk.per_domain; ++k) {
-    const combine::OwnChunk own = combine::own_chunk(p, k);
-    if (lane == 0) {
-      combine::wait_partials(p, s.reduced, kReduceWarps * (walk.sent(p) + k + 1), own.c);
+  for (int round = 0; round < walk.rounds(p); ++round) {
+    for (int k = walk.round_first(p, round); k < walk.round_end(p, round); ++k) {
+      const ChunkItem chunk = walk.at(p, k);
+      __syncwarp();  // every lane is done with the previous chunk's routes
+      next.put(routes, lane, 32);
+      fetch(next, k + 1);
+      // After a failed wait the stages are loaded anyway: the reduce warps must finish, and the
+      // abort word makes the call report instead of returning what it read.
+      if (p.unpermute_blocks > 0 && lane == 0) wait_unpermuted(p, chunk.first, chunk.last);
+      __syncwarp();
+      issue_copies(s, shape, routes, chunk.first, chunk.last, cur, lane);
     }
-    __syncwarp();  // every lane is done with the previous chunk's routes
-    combine::stage_partial_routes(p, routes, own.first, own.last, lane, 32);
-    __syncwarp();
-    issue_copies(s, shape, routes, own.first, own.last, cur, lane);
+    const FinalRange finals = walk.round_finals(p, round);
+    for (int j = finals.first; j < finals.end; ++j) load_partials(p, s, walk, j, cur, lane);
   }
 }
 
@@ -287,10 +290,31 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
   cur.chunk_item += in_chunk;
 }
 
-// Reduce warps, first pass: every chunk of the walk. With several domains each warp counts each
-// chunk done once its partials are written (for the network warps and the final pass).
-__device__ void reduce_copies(const CombineParams& p, const Smem& s, const ChunkWalk& walk,
-                              ReduceCursor& cur, int warp, int lane) {
+// Reduce warps, final pass (several domains): own chunk j, each token's partials of the domains
+// it went to added in ascending domain order into the BF16 output; then the chunk's ring slots
+// are credited back to the other domains.
+__device__ void reduce_partials(const CombineParams& p, const Smem& s, int j, ReduceCursor& cur,
+                                int warp, int lane) {
+  const PassShape shape = pass_shape(p, s, Pass::kFinal);
+  const ChunkRoutes routes{s.reduce_rows, shape.width};
+  const int thread = warp * 32 + lane;
+  const combine::OwnChunk own = combine::own_chunk(p, j);
+  ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
+  combine::stage_partial_routes(p, routes, own.first, own.last, thread, kReduceThreads);
+  ptx::named_barrier(kReduceBarrier, kReduceThreads);
+  if (warp == 0) count_chunk_copies(s, routes, own.last - own.first, lane);
+  ptx::named_barrier(kReduceBarrier, kReduceThreads);
+  reduce_chunk(p, s, Pass::kFinal, shape, routes, own.first, own.last, combine::PartialTarget{},
+               ProbSource{}, cur, warp, lane);
+  __syncwarp();  // every lane has read its partials
+  combine::credit_partials(p, s.finals, kReduceWarps, j, own.c, lane);
+}
+
+// Reduce warps: the walk round by round, as the loader. Every first-pass chunk; with several
+// domains each warp counts each chunk done once its partials are written (for the network
+// warps and the final pass), and the round's final-pass chunks follow.
+__device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int warp,
+                            int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kReduce);
   const ChunkRoutes routes{s.reduce_rows, shape.width};
   // This lane's column of the probs row, found once: per token, the division and the peer
@@ -302,49 +326,39 @@ __device__ void reduce_copies(const CombineParams& p, const Smem& s, const Chunk
     const ChunkItem it = walk.at(p, k);
     held.fetch(p.sparse_to_dense_map, it.first, it.last, shape.width, thread, kReduceThreads);
   };
+  ReduceCursor cur;
   HeldRoutes next;
   fetch(next, 0);
-  for (int k = 0; k < walk.items; ++k) {
-    const ChunkItem chunk = walk.at(p, k);
-    ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
-    next.put(routes, thread, kReduceThreads);
-    ptx::named_barrier(kReduceBarrier, kReduceThreads);
-    fetch(next, k + 1);
-    if (warp == 0) count_chunk_copies(s, routes, chunk.last - chunk.first, lane);
-    ptx::named_barrier(kReduceBarrier, kReduceThreads);
-    // Several domains: where this chunk's partials go (a mapped peer's tile, or here).
-    const combine::PartialTarget target =
-        p.partial ? combine::partial_target(p, chunk) : combine::PartialTarget{};
-    reduce_chunk(p, s, Pass::kReduce, shape, routes, chunk.first, chunk.last, target, lane_prob,
-                 cur, warp, lane);
-    if (p.partial) {
-      // This warp's partials of the chunk are written (maybe into a peer, in another process,
-      // or here, for the final pass's TMA loads): count it done; the network warps' signal
-      // publishes them.
-      ptx::fence_proxy_async_global();
-      __threadfence_system();
-      __syncwarp();
-      if (lane == 0) atomicAdd(s.reduced, 1u);
+  for (int round = 0; round < walk.rounds(p); ++round) {
+    for (int k = walk.round_first(p, round); k < walk.round_end(p, round); ++k) {
+      const ChunkItem chunk = walk.at(p, k);
+      ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
+      next.put(routes, thread, kReduceThreads);
+      ptx::named_barrier(kReduceBarrier, kReduceThreads);
+      fetch(next, k + 1);
+      if (warp == 0) {
+        count_chunk_copies(s, routes, chunk.last - chunk.first, lane);
+        // Several domains: the ring slot this chunk's partials go to is free.
+        if (p.partial) combine::wait_partial_slot(p, chunk, lane);
+      }
+      ptx::named_barrier(kReduceBarrier, kReduceThreads);
+      // Several domains: where this chunk's partials go (a mapped peer's ring, or here).
+      const combine::PartialTarget target =
+          p.partial ? combine::partial_target(p, chunk) : combine::PartialTarget{};
+      reduce_chunk(p, s, Pass::kReduce, shape, routes, chunk.first, chunk.last, target, lane_prob,
+                   cur, warp, lane);
+      if (p.partial) {
+        // This warp's partials of the chunk are written (maybe into a peer, in another
+        // process, or here, for the final pass's TMA loads): count it done; the network warps'
+        // signal publishes them.
+        ptx::fence_proxy_async_global();
+        __threadfence_system();
+        __syncwarp();
+        if (lane == 0) atomicAdd(s.reduced, 1u);
+      }
     }
-  }
-}
-
-// Reduce warps, final pass (several domains): this rank's own chunks, each token's partials of
-// the domains it went to added in ascending domain order into the BF16 output.
-__device__ void reduce_partials(const CombineParams& p, const Smem& s, const ChunkWalk& walk,
-                                ReduceCursor& cur, int warp, int lane) {
-  const PassShape shape = pass_shape(p, s, Pass::kFinal);
-  const ChunkRoutes routes{s.reduce_rows, shape.width};
-  const int thread = warp * 32 + lane;
-  for (int k = 0; k < walk.per_domain; ++k) {
-    const combine::OwnChunk own = combine::own_chunk(p, k);
-    ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
-    combine::stage_partial_routes(p, routes, own.first, own.last, thread, kReduceThreads);
-    ptx::named_barrier(kReduceBarrier, kReduceThreads);
-    if (warp == 0) count_chunk_copies(s, routes, own.last - own.first, lane);
-    ptx::named_barrier(kReduceBarrier, kReduceThreads);
-    reduce_chunk(p, s, Pass::kFinal, shape, routes, own.first, own.last, combine::PartialTarget{},
-                 ProbSource{}, cur, warp, lane);
+    const FinalRange finals = walk.round_finals(p, round);
+    for (int j = finals.first; j < finals.end; ++j) reduce_partials(p, s, j, cur, warp, lane);
   }
 }
 
@@ -365,6 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   if (threadIdx.x == 0) {
     *s.issued = 0;
     *s.reduced = 0;
+    *s.finals = 0;
     s.ring.init();
   }
   __syncthreads();
@@ -378,19 +393,13 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   const int lane = threadIdx.x % 32;
   const ChunkWalk walk = ChunkWalk::of(p);
   switch (role_of(warp)) {
-    case Role::kLoader: {
-      LoaderCursor cur;
-      load_copies(p, s, walk, cur, lane);
-      if (p.partial) load_partials(p, s, walk, cur, lane);
+    case Role::kLoader:
+      load_walk(p, s, walk, lane);
       break;
-    }
-    case Role::kReduce: {
-      ReduceCursor cur;
-      reduce_copies(p, s, walk, cur, reduce_warp_index(warp), lane);
-      if (p.partial) reduce_partials(p, s, walk, cur, reduce_warp_index(warp), lane);
+    case Role::kReduce:
+      reduce_walk(p, s, walk, reduce_warp_index(warp), lane);
       if (lane == 0) ptx::bulk_wait<0>();  // the warp's bulk stores are done before the end
       break;
-    }
     case Role::kNetwork:
       if (p.partial) {
         const int w = network_warp_index(warp);

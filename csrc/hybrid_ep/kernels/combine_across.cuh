@@ -1,11 +1,14 @@
 // Combine between NVLink domains (CombineParams::partial; docs/multi-domain.md, "Combine"), in
-// the one persistent combine grid. Block b walks its chunks of the forwarded token space domain
-// by domain: the other domains' first (their partials leave over the network), this rank's own
-// last (their final sums need the other domains' partials, which arrive meanwhile).
+// the one persistent combine grid. Block b walks the forwarded token space chunk by chunk
+// (ChunkWalk): its share of every other domain's chunk c (their partials leave over the
+// network), this rank's own chunk c if it is b's, and K - 1 chunks behind, the final sums of
+// its own chunks (they need the other domains' partials, which arrive meanwhile). The
+// partials between domains travel through rings (kernels/common/ring_credits.cuh): a chunk's
+// partials for domain n are written once n credited chunk c - K back.
 //   reduce warps  (combine.cu): each token's in-domain sum becomes a partial, rounded once to
 //                  the wire's width (BF16 by default, fp32 on request), and the warp counts the
 //                  chunk done. A partial for a peer mapped into this process (one host, NVLink:
-//                  TransportDevice::mapped) is stored straight into that peer's receive tile;
+//                  TransportDevice::mapped) is stored straight into that peer's ring slot;
 //   network warps (send_reduced_chunks): as soon as a chunk of another domain is reduced, one
 //                  put per run of the tokens that came here (partials, then their probs) to
 //                  that domain's peer -- for a mapped peer, whose data is there already, only
@@ -15,7 +18,8 @@
 //                  domain's flag of it is in, the loader TMA-loads each token's partials of
 //                  the domains it went to, and the reduce warps add them in fp32 in ascending
 //                  domain order into the BF16 output; combined_probs takes each domain's E*R
-//                  columns from that domain's partial.
+//                  columns from that domain's partial; then the chunk is credited back to every
+//                  other domain.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +28,7 @@
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
+#include "hybrid_ep/kernels/common/ring_credits.cuh"
 #include "hybrid_ep/kernels/network_send.cuh"
 #include "hybrid_ep/kernels/params.h"
 
@@ -38,21 +43,76 @@ struct ChunkItem {
   int first, last;
 };
 
-// The chunks block blockIdx.x walks, in the order every role of the block walks them.
+__device__ __forceinline__ int ceil_div_pos(int a, int b) { return a > 0 ? (a + b - 1) / b : 0; }
+
+// Own chunks [first, end) (OwnChunk indices) whose final pass a round holds.
+struct FinalRange {
+  int first, end;
+};
+
+// The work of block b of `blocks`, in the order every role of the block walks it. Inside one
+// domain: its chunks c = b, b + blocks, ..., one per round. With several domains, round cc (of
+// the C chunks) holds the block's first-pass items of chunk cc: the other domains' pairs
+// q = cc * (N - 1) + k with q % blocks == b (so a chunk's domains spread over the blocks, as the
+// dispatch's), then, if cc % blocks == b, this rank's own chunk cc; and after them the final
+// passes of own chunks f placed at round min(f + K - 1, C - 1). A first-pass item of chunk c
+// waits for the credit of chunk c - K, given in its receiver's final pass of c - K, which
+// follows only first-pass items of chunks up to c - 1: no wait can close a cycle between ranks.
+// With every chunk in the ring (K = C) all final passes come after the block's last chunk.
 struct ChunkWalk {
-  int items;       // of this block
-  int per_domain;  // with several domains: this block's chunks of each domain
+  int items;  // first-pass items of this block
+  int C;      // chunks per domain (several domains)
+  int K;      // ring slots per other domain (several domains)
 
   __device__ static ChunkWalk of(const CombineParams& p) {
     const int b = blockIdx.x, blocks = p.combine_blocks;
     if (!p.partial) {
       const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
-      return {max(0, (chunks - b + blocks - 1) / blocks), 0};
+      return {ceil_div_pos(chunks - b, blocks), 0, 0};
     }
-    const int per = max(0, (p.across.max_chunks - b + blocks - 1) / blocks);
-    return {p.domain.nodes * per, per};
+    const int C = p.across.max_chunks;
+    ChunkWalk w{0, C, min(p.across.ring_chunks, C)};
+    w.items = w.before(p, C);
+    return w;
   }
 
+  // Several domains: the block's other-domain pairs, own chunks and first-pass items of
+  // chunks before cc.
+  __device__ int pairs_before(const CombineParams& p, int cc) const {
+    return ceil_div_pos(cc * (p.domain.nodes - 1) - int(blockIdx.x), p.combine_blocks);
+  }
+  __device__ int own_before(const CombineParams& p, int cc) const {
+    return ceil_div_pos(cc - int(blockIdx.x), p.combine_blocks);
+  }
+  __device__ int before(const CombineParams& p, int cc) const {
+    return pairs_before(p, cc) + own_before(p, cc);
+  }
+
+  __device__ int rounds(const CombineParams& p) const { return p.partial ? C : items; }
+  // First-pass items [first, end) of `round`.
+  __device__ int round_first(const CombineParams& p, int round) const {
+    return p.partial ? before(p, round) : round;
+  }
+  __device__ int round_end(const CombineParams& p, int round) const {
+    return p.partial ? before(p, round + 1) : round + 1;
+  }
+  // The own chunks whose final pass follows `round`'s items.
+  __device__ FinalRange round_finals(const CombineParams& p, int round) const {
+    if (!p.partial) return {0, 0};
+    const int b = blockIdx.x, blocks = p.combine_blocks;
+    const int lowest = round == C - 1 ? max(0, C - K) : round - (K - 1);
+    const int highest = round - (K - 1);  // at the last round: every later f too
+    if (round < C - 1 && (highest < 0 || highest % blocks != b)) return {0, 0};
+    const int first = ceil_div_pos(lowest - b, blocks);
+    return {first, round == C - 1 ? own_before(p, C) : first + 1};
+  }
+
+  __device__ ChunkItem item(const CombineParams& p, int node, int c) const {
+    const int T = p.across.max_tokens;
+    return {node, c, node * T + c * p.chunk, node * T + min((c + 1) * p.chunk, T)};
+  }
+
+  // First-pass item k.
   __device__ ChunkItem at(const CombineParams& p, int k) const {
     const int b = blockIdx.x, blocks = p.combine_blocks;
     if (!p.partial) {
@@ -60,15 +120,35 @@ struct ChunkWalk {
       const int first = c * p.chunk;
       return {p.domain.node_rank, c, first, min(first + p.chunk, p.num_tokens)};
     }
-    const int node = (p.domain.node_rank + 1 + k / per_domain) % p.domain.nodes;
-    const int c = b + (k % per_domain) * blocks;
-    const int T = p.across.max_tokens;
-    return {node, c, node * T + c * p.chunk, node * T + min((c + 1) * p.chunk, T)};
+    int lo = 0, hi = C - 1;  // the chunk of item k: the last cc with before(cc) <= k
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (before(p, mid) <= k)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int others = p.domain.nodes - 1;
+    const int pair = k - own_before(p, lo);  // the block's pair index, if it is one
+    const int q = b + pair * blocks;
+    if (pair < pairs_before(p, lo + 1)) {
+      return item(p, (p.domain.node_rank + 1 + q % others) % p.domain.nodes, q / others);
+    }
+    return item(p, p.domain.node_rank, lo);
   }
 
-  // Items k < sent() are other domains' chunks, whose partials go over the network.
-  __device__ int sent(const CombineParams& p) const {
-    return p.partial ? (p.domain.nodes - 1) * per_domain : 0;
+  // The first-pass items whose partials go over the network: the block's pairs, sent(p) of
+  // them; pair i is first-pass item sent_item(p, i).
+  __device__ int sent(const CombineParams& p) const { return p.partial ? pairs_before(p, C) : 0; }
+  __device__ int sent_item(const CombineParams& p, int i) const {
+    const int q = int(blockIdx.x) + i * p.combine_blocks;
+    return i + own_before(p, q / (p.domain.nodes - 1));
+  }
+  // reduced counts a warp's first-pass items in walk order: the count once own chunk j's
+  // partials are written (its item follows the pairs of its chunk).
+  __device__ uint32_t reduced_through_own(const CombineParams& p, int j) const {
+    const int f = int(blockIdx.x) + j * p.combine_blocks;
+    return uint32_t(pairs_before(p, f + 1) + own_before(p, f) + 1);
   }
 };
 
@@ -76,9 +156,9 @@ __host__ __device__ __forceinline__ size_t partial_row_bytes(const CombineParams
   return size_t(p.hidden) * (p.across.bf16_wire ? 2 : 4);
 }
 
-// Network warp `w` of `warps`: this block's chunks of other domains w, w + warps, ..., each
-// once every one of the block's `reduce_warps` has counted it done in `reduced` (they finish
-// chunks in order).
+// Network warp `w` of `warps`: this block's chunks of other domains (sent items w, w + warps,
+// ...), each once every one of the block's `reduce_warps` has counted it done in `reduced`
+// (they finish chunks in order); at the end, the credits of the last K chunks.
 __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, const ChunkWalk& walk,
                                                     const volatile uint32_t* reduced,
                                                     int reduce_warps, TokenRun* runs, int w,
@@ -87,32 +167,47 @@ __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, cons
   const DomainView& d = p.domain;
   const int T = a.max_tokens;
   const int channel = blockIdx.x % a.channels;
-  const size_t row_bytes = partial_row_bytes(p);
-  const size_t prob_bytes = size_t(p.prob_cols) * sizeof(float);
-  const size_t tile = size_t(d.node_rank) * T;  // where this domain's partials land at a peer
+  const int64_t row_bytes = int64_t(partial_row_bytes(p));
+  const int64_t prob_bytes = int64_t(p.prob_cols) * int64_t(sizeof(float));
   const uint8_t* self = d.self();
-  for (int k = w; k < walk.sent(p); k += warps) {
+  for (int i = w; i < walk.sent(p); i += warps) {
+    const int k = walk.sent_item(p, i);
     const ChunkItem it = walk.at(p, k);
     while (*reduced < uint32_t(reduce_warps * (k + 1)) && !d.aborted()) __nanosleep(64);
     __threadfence();  // the partials the reduce warps wrote, before this warp reads them
     const bool stored = TransportDevice::mapped(a.transport, it.node) != nullptr;
     const bool* came = a.rdma_to_attn_map + it.node;
     const auto selected = [&](int t) { return came[int64_t(t) * d.nodes]; };
-    const size_t from = size_t(it.node) * T;  // the peer's tokens in this rank's partials
+    // By token t of the chunk: this rank's ring slot for that domain (after its own T rows),
+    // and the slot of this domain's ring at the peer.
+    const int64_t from =
+        T + ring_token_base(other_domain_index(it.node, d.node_rank), it.c, a.ring_chunks, p.chunk);
+    const int64_t to =
+        ring_token_base(other_domain_index(d.node_rank, it.node), it.c, a.ring_chunks, p.chunk);
     const NetTensor tensors[kMaxNetTensors] = {
-        {self + a.partials_at + from * row_bytes, a.net_partials + tile * row_bytes,
+        {self + a.partials_at + from * row_bytes, a.net_partials + size_t(to * row_bytes),
          int(row_bytes)},
-        {self + a.partial_probs_at + from * prob_bytes, a.net_partial_probs + tile * prob_bytes,
+        {self + a.partial_probs_at + from * prob_bytes,
+         a.net_partial_probs + size_t(to * prob_bytes),
          a.partial_probs != nullptr ? int(prob_bytes) : 0},
         {nullptr, 0, 0}};
-    send_chunk(a.transport, channel, it.node, selected, it.first - int(from), it.last - int(from),
+    const int first = it.first - it.node * T;
+    send_chunk(a.transport, channel, it.node, selected, first, first + (it.last - it.first),
                tensors, a.combine_flags.slot(d.node_rank, it.c), runs, lane, stored);
   }
   TransportDevice::flush(a.transport, channel, lane);  // the partials are rewritten next call
+  if (!ring_credited(a.ring_chunks, a.max_chunks)) return;
+  for (int i = w; i < walk.sent(p); i += warps) {
+    const ChunkItem it = walk.at(p, walk.sent_item(p, i));
+    if (it.c + a.ring_chunks < a.max_chunks) continue;  // waited for before chunk c + K
+    wait_credit(d, a.combine_credits, it.node, it.c, WaitSite::kCombineCredit, lane);
+  }
 }
 
-// Where the reduce warps write the partials of chunk `it`: for another domain's peer mapped into
-// this process its receive tile (the put is then only counted), else this rank's partials.
+// Where the reduce warps write the partials of chunk `it`: this rank's own tokens' into the own
+// rows of `partials`; another domain's into the ring slot of this domain at that domain's peer
+// where it is mapped into this process (the put is then only counted), else into this rank's
+// ring slot for that domain (the put's source).
 struct PartialTarget {
   uint8_t* rows;  // row of forwarded token i at rows + (i - first_token) * partial_row_bytes
   float* probs;   // likewise, prob_cols each; null without probs
@@ -123,14 +218,64 @@ __device__ __forceinline__ PartialTarget partial_target(const CombineParams& p,
                                                         const ChunkItem& it) {
   const CombineAcross& a = p.across;
   const DomainView& d = p.domain;
-  const size_t row_bytes = partial_row_bytes(p);
-  uint8_t* peer = it.node == d.node_rank ? nullptr : TransportDevice::mapped(a.transport, it.node);
-  if (peer == nullptr) return {a.partials, a.partial_probs, 0};
-  const size_t tile = size_t(d.node_rank) * a.max_tokens;  // this domain's rows at the peer
-  float* probs = a.partial_probs == nullptr
-                     ? nullptr
-                     : reinterpret_cast<float*>(peer + a.net_partial_probs) + tile * p.prob_cols;
-  return {peer + a.net_partials + tile * row_bytes, probs, it.node * a.max_tokens};
+  const int64_t row_bytes = int64_t(partial_row_bytes(p));
+  const int64_t T = a.max_tokens;
+  if (it.node == d.node_rank) return {a.partials, a.partial_probs, int(d.node_rank * T)};
+  uint8_t* peer = TransportDevice::mapped(a.transport, it.node);
+  const int first = it.node * int(T) + it.c * p.chunk;  // the slot's first token
+  int64_t row;
+  uint8_t* rows;
+  float* probs;
+  if (peer != nullptr) {
+    row = ring_slot_row(other_domain_index(d.node_rank, it.node), it.c, a.ring_chunks, p.chunk);
+    rows = peer + a.net_partials;
+    probs = reinterpret_cast<float*>(peer + a.net_partial_probs);
+  } else {
+    row = T + ring_slot_row(other_domain_index(it.node, d.node_rank), it.c, a.ring_chunks, p.chunk);
+    rows = a.partials;
+    probs = a.partial_probs;
+  }
+  return {rows + row * row_bytes, a.partial_probs == nullptr ? nullptr : probs + row * p.prob_cols,
+          first};
+}
+
+// The reduce warps before writing the partials of chunk `it` of another domain: that domain
+// has credited chunk c - K back (warp 0 waits; the caller's barrier holds the others).
+__device__ __forceinline__ void wait_partial_slot(const CombineParams& p, const ChunkItem& it,
+                                                  int lane) {
+  const CombineAcross& a = p.across;
+  if (it.node == p.domain.node_rank || it.c < a.ring_chunks) return;
+  wait_credit(p.domain, a.combine_credits, it.node, it.c - a.ring_chunks, WaitSite::kCombineCredit,
+              lane);
+}
+
+// A reduce warp done with its share of the final pass of own chunk c, the block's `ordinal`-th
+// (it has read every partial it needed): the last warp in credits the chunk back to every other
+// domain. `finals` counts the warps in; no warp waits for the others.
+__device__ __forceinline__ void credit_partials(const CombineParams& p, uint32_t* finals,
+                                                int reduce_warps, int ordinal, int c, int lane) {
+  const CombineAcross& a = p.across;
+  if (!ring_credited(a.ring_chunks, a.max_chunks)) return;
+  bool last = false;
+  if (lane == 0) {
+    __threadfence_block();
+    last = atomicAdd(finals, 1u) == uint32_t(reduce_warps * (ordinal + 1) - 1);
+  }
+  if (!__shfl_sync(~0u, last, 0)) return;
+  const DomainView& d = p.domain;
+  for (int k = 0; k < d.nodes - 1; ++k) {
+    TransportDevice::signal(a.control, blockIdx.x % a.channels, other_domain(k, d.node_rank),
+                            a.combine_credits.slot(d.node_rank, c), 1, lane);
+  }
+}
+
+// Row of this rank's token t's partial from domain n in what partial_source(p, n) points at:
+// the own rows of `partials`, or the ring slot of n's chunk of t.
+__device__ __forceinline__ int64_t partial_row(const CombineParams& p, int n, int t) {
+  if (n == p.domain.node_rank) return t;
+  return ring_token_base(other_domain_index(n, p.domain.node_rank), t / p.chunk,
+                         p.across.ring_chunks, p.chunk) +
+         t;
 }
 
 // Whether token t of this rank has a partial from domain n: whether it went there.
@@ -141,8 +286,8 @@ __device__ __forceinline__ bool partial_present(const CombineParams& p, int n, i
 }
 
 // Where the final pass reads domain n's partials of this rank's tokens: this domain's own
-// (written by this block's first pass), or what domain n's peer put here. Row of token t:
-// n * T + t.
+// (written by this block's first pass), or the ring domain n's peer put them in. Row of token
+// t: partial_row(p, n, t).
 __device__ __forceinline__ const uint8_t* partial_source(const CombineParams& p, int n) {
   if (n == p.domain.node_rank) return p.across.partials;
   return p.domain.self() + p.across.net_partials;
@@ -180,17 +325,16 @@ __device__ __forceinline__ void wait_partials(const CombineParams& p, const uint
 }
 
 // The final pass's routes of tokens [first, last) into `routes` ([tokens, nodes]): entry n of
-// token t is its partial's row n * T + t where the token went to domain n, else -1 (by
+// token t is its partial's row partial_row(p, n, t) where the token went to domain n, else -1 (by
 // `threads` threads; the caller synchronises).
 __device__ __forceinline__ void stage_partial_routes(const CombineParams& p,
                                                      const ChunkRoutes& routes, int first, int last,
                                                      int thread, int threads) {
   const int nodes = p.domain.nodes;
-  const int T = p.across.max_tokens;
   for (int i = thread; i < (last - first) * nodes; i += threads) {
     const int t = first + i / nodes;
     const int n = i % nodes;
-    routes.rows[i] = partial_present(p, n, t) ? n * T + t : -1;
+    routes.rows[i] = partial_present(p, n, t) ? int32_t(partial_row(p, n, t)) : -1;
   }
 }
 
@@ -205,7 +349,7 @@ __device__ __forceinline__ void write_final_probs(const CombineParams& p, int t,
     const int n = col / p.prob_cols;
     float value = 0.f;
     if (a.partial_probs != nullptr && partial_present(p, n, t)) {
-      const size_t at = (size_t(n) * a.max_tokens + t) * p.prob_cols + col % p.prob_cols;
+      const int64_t at = partial_row(p, n, t) * p.prob_cols + col % p.prob_cols;
       value =
           n == p.domain.node_rank
               ? a.partial_probs[at]

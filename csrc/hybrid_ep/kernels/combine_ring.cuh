@@ -70,7 +70,7 @@ __host__ __device__ constexpr int run_count(int chunk) { return (chunk + 1) / 2;
 struct SmemParts {
   SmemPlan plan;
   size_t sources = 0, partial_sources = 0, routes = 0, starts = 0, issued = 0, reduced = 0,
-         runs = 0;
+         finals = 0, runs = 0;
 
   __host__ __device__ static SmemParts make(int stride, int stages, int ranks, int nodes,
                                             int chunk) {
@@ -83,6 +83,7 @@ struct SmemParts {
     m.starts = m.plan.place<int32_t>(size_t(chunk) + 1);
     m.issued = m.plan.place<uint32_t>(1);
     m.reduced = m.plan.place<uint32_t>(1);
+    m.finals = m.plan.place<uint32_t>(1);
     m.runs = m.plan.place<TokenRun>(network ? size_t(run_count(chunk)) * kNetworkWarps : 0,
                                     sizeof(TokenRun));  // aligned to a run's 8 bytes
     return m;
@@ -112,6 +113,7 @@ struct Smem {
   // Several domains: chunks the reduce warps have finished (each warp counts each chunk), which
   // the network warps and the final pass wait on; and the network warps' run scratch.
   uint32_t* reduced;
+  uint32_t* finals;  // several domains: reduce warps done with final-pass chunks (credits)
   TokenRun* runs;
 };
 
@@ -126,6 +128,7 @@ __device__ __forceinline__ Smem carve(uint8_t* smem, const CombineParams& p) {
   s.starts = reinterpret_cast<int32_t*>(smem + m.starts);
   s.issued = reinterpret_cast<uint32_t*>(smem + m.issued);
   s.reduced = reinterpret_cast<uint32_t*>(smem + m.reduced);
+  s.finals = reinterpret_cast<uint32_t*>(smem + m.finals);
   s.runs = reinterpret_cast<TokenRun*>(smem + m.runs);
   return s;
 }

@@ -109,7 +109,7 @@ struct SmemParts {
     m.targets = m.plan.place<RowTargets>(ranks);
     m.routes = m.plan.place<int32_t>(2 * size_t(chunk) * ranks);
     m.runs = m.plan.place<TokenRun>(size_t(run_count(chunk)) * kNetworkWarps);
-    m.arrivals = m.plan.place<int>(2);
+    m.arrivals = m.plan.place<int>(4);
     return m;
   }
   __host__ __device__ static SmemParts of(const DispatchParams& p) {
@@ -123,8 +123,9 @@ struct Smem {
   // load sat in a store lane's chain for every destination of every row.
   RowTargets* targets;
   ChunkRoutes loader_routes, store_routes;
-  TokenRun* runs;       // the network warps' scratch, run_count(chunk) each
-  int* chunk_arrivals;  // [2] fused with permute: store warps done with a chunk, by parity
+  TokenRun* runs;        // the network warps' scratch, run_count(chunk) each
+  int* chunk_arrivals;   // [2] fused with permute: store warps done with a chunk, by parity
+  int* credit_arrivals;  // [2] several domains: store warps done with a peer's chunk, by parity
   StageLayout layout;
 };
 
@@ -139,6 +140,7 @@ __device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
   s.store_routes = ChunkRoutes{routes + p.chunk * p.domain.ranks, p.domain.ranks};
   s.runs = reinterpret_cast<TokenRun*>(base + m.runs);
   s.chunk_arrivals = reinterpret_cast<int*>(base + m.arrivals);
+  s.credit_arrivals = s.chunk_arrivals + 2;
   return s;
 }
 
@@ -188,7 +190,9 @@ struct RowSource {
   const int32_t* routes;  // sparse_to_dense_map rows of this domain's forwarded tokens
 };
 
-__device__ __forceinline__ RowSource row_source(const DispatchParams& p, int node) {
+// Chunk c of domain `node`: a peer's chunk is read from the ring this rank keeps for that
+// domain, slot c % K (dispatch_network.cuh's ring_token_base).
+__device__ __forceinline__ RowSource row_source(const DispatchParams& p, int node, int c) {
   const int64_t first = int64_t(node) * p.max_tokens;
   const int32_t* routes = p.sparse_to_dense_map + first * p.domain.ranks;
   if (node == p.domain.node_rank) {
@@ -196,21 +200,47 @@ __device__ __forceinline__ RowSource row_source(const DispatchParams& p, int nod
             p.experts_total, routes};
   }
   const uint8_t* self = p.domain.self();
-  return {self + p.net_rows + first * p.row_bytes,
+  const int64_t base =
+      ring_token_base(other_domain_index(node, p.domain.node_rank), c, p.ring_chunks, p.chunk);
+  return {self + p.net_rows + base * p.row_bytes,
           p.probs != nullptr
-              ? reinterpret_cast<const float*>(self + p.net_probs) + first * p.prob_cols
+              ? reinterpret_cast<const float*>(self + p.net_probs) + base * p.prob_cols
               : nullptr,
           p.scales != nullptr
-              ? reinterpret_cast<const float*>(self + p.net_scales) + first * p.scale_cols
+              ? reinterpret_cast<const float*>(self + p.net_scales) + base * p.scale_cols
               : nullptr,
           p.prob_cols, routes};
 }
 
-// Domains in the order every role walks them: this rank's own tokens first (they need no
-// wait), then the other domains'.
-__device__ __forceinline__ int domain_at(const DispatchParams& p, int step) {
-  return (p.domain.node_rank + step) % p.domain.nodes;
-}
+// The chunks a dispatch block forwards, in the order its loader and store warps walk them:
+// this rank's own chunks c = b, b + blocks, ... first (they need no wait), then its share of
+// the other domains' chunks, chunk by chunk: pair q = c * (N - 1) + k (chunk c of the k-th
+// other domain) is block q % blocks's, taken in ascending q. Taking one domain's chunks all
+// before the next domain's, a receiver could wait for a sender that waits for its credit (rings
+// shallower than the chunks, three or more domains: docs/multi-domain.md, "Rings"); spreading a
+// chunk's domains over the blocks, a ring of one slot per domain still keeps every block busy.
+struct WalkItem {
+  int node, c;
+};
+
+struct DispatchWalk {
+  int own;    // this block's own chunks
+  int items;  // and its pairs after them
+
+  __device__ static DispatchWalk of(const DispatchParams& p) {
+    const int b = blockIdx.x, blocks = p.dispatch_blocks;
+    const int own = (p.max_chunks - b + blocks - 1) / blocks;
+    const int pairs = p.max_chunks * (p.domain.nodes - 1);
+    return {own, own + (pairs - b + blocks - 1) / blocks};
+  }
+  __device__ WalkItem at(const DispatchParams& p, int k) const {
+    const DomainView& d = p.domain;
+    const int b = blockIdx.x, blocks = p.dispatch_blocks;
+    if (k < own) return {d.node_rank, b + k * blocks};
+    const int others = d.nodes - 1, q = b + (k - own) * blocks;
+    return {(d.node_rank + 1 + q % others) % d.nodes, q / others};
+  }
+};
 
 // Lane 0 of the loader: whether chunk c from the peer of `node` has arrived (always true for
 // this rank's own chunks). False after a timeout: the chunk is then passed on unloaded so that
@@ -228,40 +258,40 @@ __device__ bool chunk_arrived(const DispatchParams& p, int node, int c) {
 __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) {
   uint32_t item = 0;
   RingPos at{0, 0};  // lane 0's
-  for (int step = 0; step < p.domain.nodes; ++step) {
-    const int node = domain_at(p, step);
-    const RowSource src = row_source(p, node);
+  const DispatchWalk walk = DispatchWalk::of(p);
+  for (int k = 0; k < walk.items; ++k) {
+    const WalkItem w = walk.at(p, k);
+    const int node = w.node, c = w.c;
+    const RowSource src = row_source(p, node, c);
     const int skip = skipped_rank(p, node);
-    for (int c = blockIdx.x; c < p.max_chunks; c += p.dispatch_blocks) {
-      const ChunkRange r = chunk_range(p, node, c);
-      __syncwarp();  // lane 0 is done with the previous chunk's routes
-      s.loader_routes.load(src.routes, r.first, r.last, lane, 32);
-      __syncwarp();
-      const bool arrived = lane != 0 || chunk_arrived(p, node, c);
-      const int tokens = r.last - r.first;
-      for (int base = 0; base < tokens; base += 32) {
-        const uint32_t leaving = leaving_tokens(s.loader_routes, base, tokens, skip, lane);
-        item += __popc(leaving);
-        if (lane != 0) continue;
-        for (uint32_t m = leaving; m != 0; m &= m - 1) {
-          const int t = r.first + base + __ffs(m) - 1;
-          const int stage = at.stage;
-          s.ring.acquire(at);
-          at.advance(1, s.ring.stages);
-          if (!arrived) {
-            s.ring.skip(stage);
-            continue;
-          }
-          s.ring.expect(stage, s.layout.bytes());
-          s.ring.load(stage, 0, src.rows + int64_t(t) * p.row_bytes, p.row_bytes);
-          if (s.layout.prob_bytes) {
-            s.ring.load(stage, s.layout.prob_at, src.probs + int64_t(t) * src.prob_stride,
-                        s.layout.prob_bytes);
-          }
-          if (s.layout.scale_bytes) {
-            s.ring.load(stage, s.layout.scale_at, src.scales + int64_t(t) * p.scale_cols,
-                        s.layout.scale_bytes);
-          }
+    const ChunkRange r = chunk_range(p, node, c);
+    __syncwarp();  // lane 0 is done with the previous chunk's routes
+    s.loader_routes.load(src.routes, r.first, r.last, lane, 32);
+    __syncwarp();
+    const bool arrived = lane != 0 || chunk_arrived(p, node, c);
+    const int tokens = r.last - r.first;
+    for (int base = 0; base < tokens; base += 32) {
+      const uint32_t leaving = leaving_tokens(s.loader_routes, base, tokens, skip, lane);
+      item += __popc(leaving);
+      if (lane != 0) continue;
+      for (uint32_t m = leaving; m != 0; m &= m - 1) {
+        const int t = r.first + base + __ffs(m) - 1;
+        const int stage = at.stage;
+        s.ring.acquire(at);
+        at.advance(1, s.ring.stages);
+        if (!arrived) {
+          s.ring.skip(stage);
+          continue;
+        }
+        s.ring.expect(stage, s.layout.bytes());
+        s.ring.load(stage, 0, src.rows + int64_t(t) * p.row_bytes, p.row_bytes);
+        if (s.layout.prob_bytes) {
+          s.ring.load(stage, s.layout.prob_at, src.probs + int64_t(t) * src.prob_stride,
+                      s.layout.prob_bytes);
+        }
+        if (s.layout.scale_bytes) {
+          s.ring.load(stage, s.layout.scale_at, src.scales + int64_t(t) * p.scale_cols,
+                      s.layout.scale_bytes);
         }
       }
     }
@@ -332,6 +362,24 @@ __device__ void count_in(const DispatchParams& p, int* arrivals, int ordinal, in
   for (int j = 0; j < p.domain.ranks; ++j) signal_flag(chunk_flag(p, j, node, c));
 }
 
+// A store warp done with chunk c of another domain (the block's chunk number `ordinal`): every
+// item of it it stored has left its ring slot (its TMA load landed; side data read by lanes
+// was read). The last store warp in credits the chunk back to that domain's peer, whose next
+// chunk for the slot may then come (on the control transport: credits are not data). As in
+// count_in, only chunks k and k + 1 count at any time.
+__device__ void credit_chunk(const DispatchParams& p, int* arrivals, int ordinal, int node, int c,
+                             int lane) {
+  bool last = false;
+  if (lane == 0) {
+    __threadfence_block();
+    last = atomicAdd(&arrivals[ordinal & 1], 1) % kStoreWarps == kStoreWarps - 1;
+  }
+  if (!__shfl_sync(~0u, last, 0)) return;
+  const DomainView& d = p.domain;
+  TransportDevice::signal(p.control, blockIdx.x % p.channels, node,
+                          p.dispatch_credits.slot(d.node_rank, c), 1, lane);
+}
+
 // A chunk this store warp has not counted in for yet (fused with permute).
 struct UncountedChunk {
   int ordinal = -1, node = 0, c = 0;
@@ -355,87 +403,87 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
   int pending_stage = -1;  // stage whose stores were committed but maybe not read yet
   int ordinal = 0;         // of the block's chunk
   UncountedChunk uncounted;
-  // Chunk c of the domain at `step` (walked as below), or nothing past the last one.
-  const auto fetch = [&](HeldRoutes& held, int step, int c) {
-    if (c >= p.max_chunks) {  // the next domain's first chunk of this block
-      ++step;
-      c = blockIdx.x;
-    }
-    if (step >= d.nodes || c >= p.max_chunks) return held.clear();
-    const int node = domain_at(p, step);
-    const ChunkRange r = chunk_range(p, node, c);
-    held.fetch(row_source(p, node).routes, r.first, r.last, d.ranks, thread, 32 * kStoreWarps);
+  const DispatchWalk walk = DispatchWalk::of(p);
+  // Item k of the walk's routes, or nothing past the last one.
+  const auto fetch = [&](HeldRoutes& held, int k) {
+    if (k >= walk.items) return held.clear();
+    const WalkItem w = walk.at(p, k);
+    const ChunkRange r = chunk_range(p, w.node, w.c);
+    held.fetch(row_source(p, w.node, w.c).routes, r.first, r.last, d.ranks, thread,
+               32 * kStoreWarps);
   };
   HeldRoutes next;
-  fetch(next, 0, blockIdx.x);
-  for (int step = 0; step < d.nodes; ++step) {
-    const int node = domain_at(p, step);
-    const RowSource src = row_source(p, node);
+  fetch(next, 0);
+  for (int k = 0; k < walk.items; ++k) {
+    const WalkItem wi = walk.at(p, k);
+    const int node = wi.node, c = wi.c;
+    const RowSource src = row_source(p, node, c);
     const int skip = skipped_rank(p, node);
-    for (int c = blockIdx.x; c < p.max_chunks; c += p.dispatch_blocks) {
-      const ChunkRange r = chunk_range(p, node, c);
-      ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);  // done with the previous routes
-      next.put(s.store_routes, thread, 32 * kStoreWarps);
-      ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
-      fetch(next, step, c + p.dispatch_blocks);
-      bool stored = false;  // by this warp, of this chunk
-      const int tokens = r.last - r.first;
-      for (int base = 0; base < tokens; base += 32) {
-        const uint32_t leaving = leaving_tokens(s.store_routes, base, tokens, skip, lane);
-        const int n = __popc(leaving);
-        // This warp's items of the group: its k-th leaving tokens with item + k = w (mod warps).
-        for (int k = to_own_item(item, w, kStoreWarps); k < n; k += kStoreWarps) {
-          const int bit = __fns(leaving, 0, k + 1);
-          const int t = r.first + base + bit;
-          const int32_t* rows = s.store_routes.token(base + bit);
-          const int stage = at.stage;
-          s.ring.wait(at);
-          at.advance(kStoreWarps, s.ring.stages);
-          for (int j = 0; j < d.ranks; ++j) {
-            if (rows[j] < 0 || j == skip) continue;
-            const RowTargets& to = s.targets[j];
-            if (lane == 0) {
-              ptx::bulk_store(to.rows + int64_t(rows[j]) * p.row_bytes, s.ring.stage(stage),
-                              p.row_bytes);
-            }
-            if (p.side_by_tma) {
-              store_staged_side_data(s, s.ring.stage(stage), to, rows[j], lane);
-            } else {
-              store_side_data_by_lanes(p, src, t, to, rows[j], lane);
-            }
-          }
-          __syncwarp();  // the lanes are done reading the stage before lane 0 releases it
-          const bool count_previous = !stored && uncounted.some();
+    const ChunkRange r = chunk_range(p, node, c);
+    ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);  // done with the previous routes
+    next.put(s.store_routes, thread, 32 * kStoreWarps);
+    ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
+    fetch(next, k + 1);
+    bool stored = false;  // by this warp, of this chunk
+    const int tokens = r.last - r.first;
+    for (int base = 0; base < tokens; base += 32) {
+      const uint32_t leaving = leaving_tokens(s.store_routes, base, tokens, skip, lane);
+      const int n = __popc(leaving);
+      // This warp's items of the group: its k-th leaving tokens with item + k = w (mod warps).
+      for (int k = to_own_item(item, w, kStoreWarps); k < n; k += kStoreWarps) {
+        const int bit = __fns(leaving, 0, k + 1);
+        const int t = r.first + base + bit;
+        const int32_t* rows = s.store_routes.token(base + bit);
+        const int stage = at.stage;
+        s.ring.wait(at);
+        at.advance(kStoreWarps, s.ring.stages);
+        for (int j = 0; j < d.ranks; ++j) {
+          if (rows[j] < 0 || j == skip) continue;
+          const RowTargets& to = s.targets[j];
           if (lane == 0) {
-            ptx::bulk_commit();
-            if (count_previous) {  // all groups but this one are complete: the previous chunk's
-              ptx::bulk_wait<1>();
-              count_in(p, s.chunk_arrivals, uncounted.ordinal, uncounted.node, uncounted.c);
-            } else {
-              ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
-            }
-            if (pending_stage >= 0) s.ring.release(pending_stage);
+            ptx::bulk_store(to.rows + int64_t(rows[j]) * p.row_bytes, s.ring.stage(stage),
+                            p.row_bytes);
           }
-          if (count_previous) uncounted = {};
-          stored = true;
-          pending_stage = stage;
+          if (p.side_by_tma) {
+            store_staged_side_data(s, s.ring.stage(stage), to, rows[j], lane);
+          } else {
+            store_side_data_by_lanes(p, src, t, to, rows[j], lane);
+          }
         }
-        item += n;
-      }
-      if (signal_each_chunk) {
-        if (stored) {
-          uncounted = {ordinal, node, c};
-        } else if (lane == 0) {  // nothing of this chunk in flight: count in for both now
-          ptx::bulk_wait<0>();
-          if (uncounted.some()) {
+        __syncwarp();  // the lanes are done reading the stage before lane 0 releases it
+        const bool count_previous = !stored && uncounted.some();
+        if (lane == 0) {
+          ptx::bulk_commit();
+          if (count_previous) {  // all groups but this one are complete: the previous chunk's
+            ptx::bulk_wait<1>();
             count_in(p, s.chunk_arrivals, uncounted.ordinal, uncounted.node, uncounted.c);
+          } else {
+            ptx::bulk_wait_read<1>();  // the previous item's group no longer reads its stage
           }
-          count_in(p, s.chunk_arrivals, ordinal, node, c);
+          if (pending_stage >= 0) s.ring.release(pending_stage);
         }
-        if (!stored) uncounted = {};
+        if (count_previous) uncounted = {};
+        stored = true;
+        pending_stage = stage;
       }
-      ++ordinal;
+      item += n;
     }
+    if (signal_each_chunk) {
+      if (stored) {
+        uncounted = {ordinal, node, c};
+      } else if (lane == 0) {  // nothing of this chunk in flight: count in for both now
+        ptx::bulk_wait<0>();
+        if (uncounted.some()) {
+          count_in(p, s.chunk_arrivals, uncounted.ordinal, uncounted.node, uncounted.c);
+        }
+        count_in(p, s.chunk_arrivals, ordinal, node, c);
+      }
+      if (!stored) uncounted = {};
+    }
+    if (node != d.node_rank && ring_credited(p.ring_chunks, p.max_chunks)) {
+      credit_chunk(p, s.credit_arrivals, ordinal, node, c, lane);
+    }
+    ++ordinal;
   }
   // Make every write of the store warps visible, then signal this block's chunks.
   drain_stores(s, lane, pending_stage);
@@ -446,13 +494,9 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
     return item;
   }
   ptx::named_barrier(kStoreBarrier, 32 * kStoreWarps);
-  const int my_chunks =
-      (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
-  for (int k = thread; k < my_chunks * d.nodes * d.ranks; k += 32 * kStoreWarps) {
-    const int j = k % d.ranks;
-    const int node = (k / d.ranks) % d.nodes;
-    const int c = blockIdx.x + (k / (d.ranks * d.nodes)) * p.dispatch_blocks;
-    signal_flag(chunk_flag(p, j, node, c));
+  for (int k = thread; k < walk.items * d.ranks; k += 32 * kStoreWarps) {
+    const WalkItem w = walk.at(p, k / d.ranks);
+    signal_flag(chunk_flag(p, k % d.ranks, w.node, w.c));
   }
   return item;
 }
@@ -511,7 +555,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   const int lane = threadIdx.x % 32;
   for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) s.targets[j] = row_targets(p, j);
   if (threadIdx.x == 0) {
-    s.chunk_arrivals[0] = s.chunk_arrivals[1] = 0;
+    for (int i = 0; i < 4; ++i) s.chunk_arrivals[i] = 0;  // and credit_arrivals
     s.ring.init();
   }
   bool stuck = false;

@@ -1,9 +1,10 @@
 // The dispatch's network role (several domains): this rank's own chunks go to the peer of
-// every other domain, which forwards them inside its domain (dispatch.cu's loader and store
-// warps, docs/multi-domain.md).
+// every other domain, into the ring that peer keeps for this domain, which it forwards inside
+// its domain (dispatch.cu's loader and store warps, docs/multi-domain.md).
 #pragma once
 
 #include "hybrid_ep/kernels/common/domains.cuh"
+#include "hybrid_ep/kernels/common/ring_credits.cuh"
 #include "hybrid_ep/kernels/network_send.cuh"
 #include "hybrid_ep/kernels/params.h"
 
@@ -11,14 +12,15 @@ namespace hybrid_ep {
 
 // Network warp `w` of `warps` (several domains): its share of this block's (chunk, other domain)
 // pairs, the runs of this rank's tokens of the chunk that go to that domain's peer, on channel
-// blockIdx.x % channels.
+// blockIdx.x % channels. Chunk c waits for the credit of chunk c - K (its slot's previous
+// chunk); a wait that timed out sends all the same, so that the receiver does not hang.
 inline __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, int warps,
                                        int lane) {
   const DomainView& d = p.domain;
   const int T = p.max_tokens;
+  const int K = p.ring_chunks;
   const int tokens = min(p.num_tokens, T);
   const int channel = blockIdx.x % p.channels;
-  const size_t tile = size_t(d.node_rank) * T;  // where this rank's tokens land at a peer
   const int others = d.nodes - 1;
   const int my_chunks =
       (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
@@ -27,21 +29,32 @@ inline __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, 
     const int first = min(c * p.chunk, T), last = min(first + p.chunk, T);
     const int k = pair % others;
     const int node = other_domain(k, d.node_rank);
+    if (c >= K) wait_credit(d, p.dispatch_credits, node, c - K, WaitSite::kDispatchCredit, lane);
+    // Where this rank's tokens land at that peer: its ring for this domain, slot c % K.
+    const int64_t base = ring_token_base(other_domain_index(d.node_rank, node), c, K, p.chunk);
     const bool* goes = p.attn_to_rdma_map + k;
     const auto selected = [&](int t) { return t < tokens && goes[int64_t(t) * others]; };
     const NetTensor tensors[kMaxNetTensors] = {
-        {p.net_hidden, p.net_rows + tile * p.row_bytes, p.row_bytes},
+        {p.net_hidden, p.net_rows + size_t(base * p.row_bytes), p.row_bytes},
         {reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),
-         p.net_probs + tile * p.prob_cols * sizeof(float),
+         p.net_probs + size_t(base * p.prob_cols * int64_t(sizeof(float))),
          p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0, p.prob_puts_per_token},
         {reinterpret_cast<const uint8_t*>(p.net_scales_src),
-         p.net_scales + tile * p.scale_cols * sizeof(float),
+         p.net_scales + size_t(base * p.scale_cols * int64_t(sizeof(float))),
          p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0}};
     send_chunk(p.transport, channel, node, selected, first, last, tensors,
                p.network_flags.slot(d.node_rank, c), runs, lane);
   }
   // The sources (this call's rows) may be reused once the kernel ends.
   TransportDevice::flush(p.transport, channel, lane);
+  // The last K chunks' credits, which no later chunk of this call waited for.
+  if (!ring_credited(K, p.max_chunks)) return;
+  for (int pair = w; pair < my_chunks * others; pair += warps) {
+    const int c = blockIdx.x + (pair / others) * p.dispatch_blocks;
+    if (c + K < p.max_chunks) continue;
+    wait_credit(d, p.dispatch_credits, other_domain(pair % others, d.node_rank), c,
+                WaitSite::kDispatchCredit, lane);
+  }
 }
 
 }  // namespace hybrid_ep

@@ -1,5 +1,8 @@
 // Metadata preprocessing: from the gathered routing, the handle's maps (docs/semantics.md).
-// Pass 1 (many blocks): one destination-rank bit mask per token. Pass 2 (one block per
+// Every gathered row holds its token's bits for this domain's experts only
+// (kernels/common/routing_bits.h); which other domains this rank's own tokens go to comes from
+// its staged bits for them. Pass 1 (many blocks): one mask of this domain's destination ranks
+// per token. Pass 2 (one block per
 // destination rank of this domain, in parallel): a block-wide exclusive scan over all tokens
 // in source order gives every token's row there (and, for this rank, the first row of every
 // source chunk: the dense chunk layout), rows past the receive cap dropped; one more block
@@ -8,6 +11,7 @@
 
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/flags.cuh"
+#include "hybrid_ep/kernels/common/routing_bits.h"
 #include "hybrid_ep/kernels/params.h"
 
 namespace hybrid_ep {
@@ -20,78 +24,42 @@ constexpr int kTile = kScanThreads * kItemsPerThread;
 __global__ void dest_mask_kernel(MetadataParams p) {
   // The first kernel after the all-gather: a mismatch it found stops the call here.
   if (p.domain.settle()) return;
-  const int world = p.domain.world;
-  const int experts = p.experts_per_rank;
-  const int64_t tokens = int64_t(world) * p.max_tokens;
-  const int64_t row_bytes = int64_t(experts) * world;
-  // Rows of a multiple of 16 bytes start 16-byte aligned (the region is): read them by words.
-  const bool by_words = row_bytes % 16 == 0;
+  const int64_t tokens = int64_t(p.domain.world) * p.max_tokens;
+  const int words = p.routing_words;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < tokens;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const uint8_t* row = p.routing + i * row_bytes;
-    uint64_t mask = 0;
-    if (by_words) {
-      for (int w = 0; w < row_bytes / 16; ++w) {
-        const uint4 word = reinterpret_cast<const uint4*>(row)[w];
-        const uint32_t parts[4] = {word.x, word.y, word.z, word.w};
-#pragma unroll
-        for (int k = 0; k < 16; ++k) {
-          if ((parts[k / 4] >> (8 * (k % 4))) & 0xff) mask |= 1ull << ((16 * w + k) / experts);
-        }
-      }
-    } else {
-      for (int b = 0; b < row_bytes; ++b) {
-        if (row[b]) mask |= 1ull << (b / experts);
-      }
-    }
-    p.dest_masks[i] = mask;
+    p.dest_masks[i] = ranks_of_routing_words(p.routing + i * words, words, p.experts_per_rank);
   }
 }
 
-__device__ __forceinline__ bool goes_to_node(uint64_t mask, int node, int ranks) {
-  const uint64_t node_bits = (ranks == 64 ? ~0ull : ((1ull << ranks) - 1)) << (node * ranks);
-  return (mask & node_bits) != 0;
+// Whether this rank's token t goes to the k-th other domain: any of its staged bits for it.
+__device__ bool own_token_leaves(const MetadataParams& p, int k, int t) {
+  const uint32_t* words = p.staged_routing + (int64_t(k) * p.max_tokens + t) * p.routing_words;
+  for (int w = 0; w < p.routing_words; ++w) {
+    if (words[w] != 0) return true;
+  }
+  return false;
 }
 
-// rdma_to_attn_map, attn_to_rdma_map, the largest token count and the most rows routed to any
-// rank (before the receive cap): no scan needed. Every rank counts those rows from the same
-// gathered masks, so a blocking call that must grow the receive regions knows it on every rank
-// without an exchange.
-__device__ void write_domain_maps(const MetadataParams& p, int64_t tokens, int me) {
+// rdma_to_attn_map, attn_to_rdma_map and the largest token count: no scan needed.
+__device__ void write_domain_maps(const MetadataParams& p) {
   const DomainView& d = p.domain;
   const int T = p.max_tokens;
-  __shared__ unsigned int routed[64];  // rows routed to each rank of the group (W <= 64)
-  for (int r = threadIdx.x; r < d.world; r += blockDim.x) routed[r] = 0;
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < tokens; i += blockDim.x) {
-    const int source = int(i / T);
-    const int t = int(i % T);
-    const uint64_t mask = p.dest_masks[i];
-    for (uint64_t m = mask; m != 0; m &= m - 1) {
-      atomicAdd(&routed[__ffsll(static_cast<long long>(m)) - 1], 1u);
-    }
-    if (source % d.ranks == d.local_rank) {
-      p.rdma_to_attn_map[int64_t(t) * d.nodes + source / d.ranks] =
-          goes_to_node(mask, d.node_rank, d.ranks);
-    }
-    if (source == me) {
-      int k = 0;
-      for (int node = 0; node < d.nodes; ++node) {
-        if (node == d.node_rank) continue;
-        p.attn_to_rdma_map[int64_t(t) * (d.nodes - 1) + k++] = goes_to_node(mask, node, d.ranks);
-      }
-    }
+  // The tokens this rank forwards, token t of its peer in domain n: bound for this domain's
+  // ranks (their masks are over those) or not.
+  for (int64_t f = threadIdx.x; f < int64_t(d.nodes) * T; f += blockDim.x) {
+    const int n = int(f / T);
+    const int t = int(f % T);
+    const int64_t i = int64_t(n * d.ranks + d.local_rank) * T + t;
+    p.rdma_to_attn_map[int64_t(t) * d.nodes + n] = p.dest_masks[i] != 0;
   }
-  __syncthreads();
+  for (int64_t i = threadIdx.x; i < int64_t(T) * (d.nodes - 1); i += blockDim.x) {
+    p.attn_to_rdma_map[i] = own_token_leaves(p, int(i % (d.nodes - 1)), int(i / (d.nodes - 1)));
+  }
   if (threadIdx.x == 0) {
     uint64_t largest = 0;
-    unsigned int most = 0;
-    for (int r = 0; r < d.world; ++r) {
-      largest = max(largest, p.token_counts[r]);
-      most = max(most, routed[r]);
-    }
+    for (int r = 0; r < d.world; ++r) largest = max(largest, p.token_counts[r]);
     p.summary->largest = int64_t(largest);
-    p.summary->largest_received = int64_t(most);
   }
   // Every rank has every rank's stamp here, so every rank finds a disagreement.
   for (int r = threadIdx.x; r < d.world; r += blockDim.x) {
@@ -111,25 +79,24 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
   const int64_t tokens = int64_t(d.world) * T;
   const int me = d.node_rank * d.ranks + d.local_rank;
   if (blockIdx.x == d.ranks) {
-    write_domain_maps(p, tokens, me);
+    write_domain_maps(p);
     return;
   }
   const int j = blockIdx.x;
   const int dest = d.node_rank * d.ranks + j;
   const int E = p.experts_per_rank;
-  const int64_t routing_cols = int64_t(E) * d.world;
   const int cap = p.max_received;
   if (threadIdx.x == 0) running = 0;
   __syncthreads();
   for (int64_t tile = 0; tile < tokens; tile += kTile) {
-    // Bit k: token first + k goes to dest (one register, not the masks: the cap's test in the
-    // loop below then fits in 64 registers without a spill).
+    // Bit k: token first + k goes to local rank j (one register, not the masks: the cap's
+    // test in the loop below then fits in 64 registers without a spill).
     uint32_t hit_bits = 0;
     const int64_t first = tile + int64_t(threadIdx.x) * kItemsPerThread;
 #pragma unroll
     for (int k = 0; k < kItemsPerThread; ++k) {
       const uint64_t mask = first + k < tokens ? p.dest_masks[first + k] : 0;
-      hit_bits |= uint32_t((mask >> dest) & 1) << k;
+      hit_bits |= uint32_t((mask >> j) & 1) << k;
     }
     const int hits = __popc(hit_bits);
     int offset;
@@ -159,9 +126,9 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
         (source == me ? p.summary->own_begin : p.summary->own_end) = min(row, cap);
       }
       if (kept && dest == me) {
-        const uint8_t* experts = p.routing + i * routing_cols + int64_t(me) * E;
+        const uint32_t* bits = p.routing + i * p.routing_words;
         bool* out = p.local_expert_routing_map + int64_t(row) * E;
-        for (int e = 0; e < E; ++e) out[e] = experts[e] != 0;
+        for (int e = 0; e < E; ++e) out[e] = routing_bit(bits, d.local_rank * E + e);
       }
       row += int(hit);
     }
@@ -169,6 +136,9 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(MetadataParams p) {
     if (threadIdx.x == 0) running = base + tile_total;
     __syncthreads();
   }
+  // Rows routed to local rank j before the cap: every rank of the domain scans the same masks,
+  // so a blocking call past the cap grows on every rank of the domain together.
+  if (threadIdx.x == 0) p.summary->routed[j] = running;
   if (dest == me && threadIdx.x == 0) {
     const int kept = min(running, cap);
     if (p.dense_chunk_layout != nullptr) {

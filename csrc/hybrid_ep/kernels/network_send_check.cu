@@ -4,7 +4,9 @@
 #include <algorithm>
 
 #include "hybrid_ep/common/cuda_check.h"
+#include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
+#include "hybrid_ep/kernels/common/ring_credits.cuh"
 #include "hybrid_ep/kernels/network_send.cuh"
 #include "hybrid_ep/kernels/params.h"
 
@@ -26,16 +28,16 @@ __global__ void __launch_bounds__(32) network_send_check_kernel(NetworkSendCheck
   const int channel = blockIdx.x % t.channels;
   const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
   const NetTensor none{nullptr, 0, 0};
-  const NetTensor tensors[kMaxNetTensors] = {
-      {p.rows, p.net_rows + size_t(t.node_rank) * p.num_tokens * p.row_bytes, p.row_bytes},
-      none,
-      none};
   for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
     const int first = c * p.chunk;
     const int last = min(first + p.chunk, p.num_tokens);
     for (int node = 0; node < t.nodes; ++node) {
       if (node == t.node_rank) continue;
-      const GoesTo selected{p.goes, t.nodes - 1, node < t.node_rank ? node : node - 1};
+      const int64_t base =
+          ring_token_base(other_domain_index(t.node_rank, node), c, p.ring_chunks, p.chunk);
+      const NetTensor tensors[kMaxNetTensors] = {
+          {p.rows, p.net_rows + size_t(base * p.row_bytes), p.row_bytes}, none, none};
+      const GoesTo selected{p.goes, t.nodes - 1, other_domain_index(node, t.node_rank)};
       const size_t flag = p.network_flags.slot(t.node_rank, c);
       send_chunk(t, channel, node, selected, first, last, tensors, flag, runs, lane);
     }

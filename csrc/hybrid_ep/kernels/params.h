@@ -26,13 +26,20 @@ struct BarrierParams {
   size_t net_barrier_stamps;
 };
 
+// The routing all-gather moves bits (kernels/common/routing_bits.h): each rank's tokens, only
+// the columns of the receiving rank's domain.
 struct AllgatherParams {
   DomainView domain;
   const uint8_t* routing_map;  // bool [num_tokens, E_total] of this rank
   int num_tokens;              // rows of this rank (may exceed max_tokens: growth is detected)
   int max_tokens;              // T
-  int experts_total;
+  int domain_cols;             // E*R: one domain's columns of the map
+  int routing_words;           // words per token and domain
+  // Blocks past the domain's R that pack this rank's bits for the other domains into
+  // staged_routing (0 with one domain).
+  int staging_blocks;
   size_t routing;  // region offsets
+  size_t staged_routing;
   size_t token_counts;
   size_t call_stamps;  // uint64 [W]: each rank's stamp, carried like its token count
   // The domain barrier's flags and stamp slots (BarrierParams): the all-gather is this call's
@@ -41,15 +48,15 @@ struct AllgatherParams {
   size_t barrier_stamps;
 };
 
-// The all-gather's second step with several domains: this rank's map (already in its own
-// routing region) goes to the peer of every other domain, and the maps those peers send here
-// are forwarded to the rest of this domain, so every rank ends with all W maps.
+// The all-gather's second step with several domains: this rank's bits for each other domain
+// (staged_routing) go to its peer there, and the rows those peers send here (this domain's
+// bits) are forwarded to the rest of this domain, so every rank ends with all W ranks' rows.
 struct AllgatherNetworkParams {
   DomainView domain;
   TransportContext transport;
   int max_tokens;
-  int experts_total;
-  size_t routing, token_counts, call_stamps;
+  int routing_words;
+  size_t routing, staged_routing, token_counts, call_stamps;
   DomainFlags net_barrier_flags;  // the barrier's, as in AllgatherParams
   size_t net_barrier_stamps;
   RankFlags forward_flags;
@@ -71,22 +78,27 @@ struct RestripeParams {
 struct PreprocessSummary {
   int64_t dispatched;  // rows this rank receives (D, at most the receive cap M)
   int64_t largest;     // the largest token count of any rank (more than T: grow)
-  // The most rows any rank of the group is routed, before the cap (more than M: grow).
-  int64_t largest_received;
   // Rows [own_begin, own_end) of this rank's dispatch order are its own tokens (rows are in
   // source order).
   int64_t own_begin, own_end;
+  // Rows routed to each local rank of this domain, before the receive cap (more than M: grow).
+  int64_t routed[64];
 };
 
 struct MetadataParams {
   DomainView domain;
-  const uint8_t* routing;        // this rank's gathered routing region, bool [W*T, E_total]
+  // This rank's gathered routing region: uint32 [W*T, routing_words], every token's bits for
+  // this domain's experts (kernels/common/routing_bits.h).
+  const uint32_t* routing;
+  // This rank's own bits for the other domains, [N-1, T, routing_words] (several domains).
+  const uint32_t* staged_routing;
+  int routing_words;
   const uint64_t* token_counts;  // [W]
   const uint64_t* call_stamps;   // [W]: every rank's stamp, compared with this rank's
   int max_tokens;                // T
   int max_received;              // M: rows of the receive regions; rows past it are dropped
   int experts_per_rank;          // E
-  uint64_t* dest_masks;          // scratch [W*T]: bit d = token goes to rank d (W <= 64)
+  uint64_t* dest_masks;          // scratch [W*T]: bit j = token goes to local rank j (R <= 64)
   // Outputs (handle tensors, see docs/semantics.md).
   int32_t* sparse_to_dense_map;    // [N*T, R]
   bool* rdma_to_attn_map;          // [ceil16(T), N]
@@ -157,8 +169,15 @@ struct DispatchParams {
   OwnDispatchRows own;
   size_t dispatch_rows, dispatch_probs, dispatch_scales;  // region offsets
   DispatchFlags dispatch_flags;                           // at max_chunks
-  size_t net_rows, net_probs, net_scales;
+  size_t net_rows, net_probs, net_scales;                 // rings [N-1, ring_chunks, chunk, ...]
   ChunkFlags network_flags;
+  // Several domains: the peers' rings hold ring_chunks chunks per other domain; chunk c goes
+  // into slot c % ring_chunks once the receiver credited chunk c - ring_chunks back
+  // (dispatch_credits, in this rank's buffer), and the receiver credits each chunk it consumed
+  // on the control transport.
+  int ring_chunks;
+  ChunkFlags dispatch_credits;
+  TransportContext control;
   // Inside one domain of several ranks, in place of a domain barrier before the launch: no
   // block stores into peer j's dispatch_rows before j has released them (read them out) as
   // often as this rank has (uint64 at receive_releases in every rank's buffer).
@@ -209,9 +228,16 @@ struct CombineAcross {
   bool bf16_wire;                // partials are BF16 (HYBRID_EP_COMBINE_WIRE=bf16), else fp32
   uint8_t* partials;             // this rank's [N, T, H] partials (wire dtype), registered
   float* partial_probs;          // [N, T, E*R] or null
-  size_t partials_at, partial_probs_at;    // their region offsets (the puts' sources)
-  size_t net_partials, net_partial_probs;  // region offsets: [N, T, ...] from each domain
-  ChunkFlags combine_flags;                // at max_chunks
+  size_t partials_at, partial_probs_at;  // their region offsets (the puts' sources)
+  // Region offsets: partials [T + ring rows] (own tokens, then the ring of the puts' sources);
+  // net_partials: ring [N-1, ring_chunks, chunk] of what the other domains put here.
+  size_t net_partials, net_partial_probs;
+  ChunkFlags combine_flags;  // at max_chunks
+  // As for dispatch (DispatchParams::ring_chunks): a chunk's partials for domain n are written
+  // once n credited chunk c - ring_chunks back; the final pass credits each chunk it consumed.
+  int ring_chunks;
+  ChunkFlags combine_credits;
+  TransportContext control;
 };
 
 // With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens
@@ -301,7 +327,8 @@ struct NetworkSendCheckParams {
   int num_tokens;       // T: every chunk of it is signalled
   int chunk;
   int row_bytes;
-  size_t net_rows;  // region offset of the receive tiles [N, T, row_bytes]
+  size_t net_rows;  // region offset of the rings [N-1, ring_chunks, chunk, row_bytes]
+  int ring_chunks;  // every chunk of T has its own slot (no credits: run_network_send_check)
   ChunkFlags network_flags;
 };
 

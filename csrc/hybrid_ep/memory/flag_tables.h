@@ -39,7 +39,8 @@ struct DomainFlags {
 
 // [N, C]: one flag per chunk from the peer of each domain. network_flags: the dispatch's chunks
 // of that peer's tokens (and the transport checks, chunk 0); combine_flags: the partials of this
-// rank's tokens that domain reduced.
+// rank's tokens that domain reduced; dispatch_credits and combine_credits: that peer consumed
+// the ring slot of this rank's chunk c (its rows; its partials).
 struct ChunkFlags {
   size_t at = 0;
   int nodes = 0, chunks = 0;
@@ -86,6 +87,7 @@ struct FlagTables {
   DispatchFlags dispatch;
   UnpermuteFlags unpermute;
   ChunkFlags network, combine;
+  ChunkFlags dispatch_credits, combine_credits;
   DomainFlags net_barrier;
 
   // The tables' shapes for R ranks per domain, N domains and C chunks per domain (offsets 0).
@@ -94,7 +96,7 @@ struct FlagTables {
     t.barrier.ranks = t.forward.ranks = ranks;
     t.dispatch = {0, ranks, nodes, chunks};
     t.unpermute = {0, ranks, nodes, chunks, kUnpermuteSlices};
-    t.network = t.combine = {0, nodes, chunks};
+    t.network = t.combine = t.dispatch_credits = t.combine_credits = {0, nodes, chunks};
     t.net_barrier.nodes = nodes;
     return t;
   }

@@ -18,6 +18,7 @@ struct BufferShape {
   int64_t max_scale_cols;    // FP8 scaling factors per row (H / 128)
   int64_t dispatch_chunk;    // tokens per dispatch chunk
   int64_t partial_bytes;     // bytes per value of the combine's partials between domains (2, 4)
+  int64_t net_ring_chunks;   // K: chunk slots per other domain of the rings between domains
   // M: rows the in-domain receive regions hold (dispatch_*, combine_*), 1..W*T (W*T: every
   // token of every rank routed here). Rows past it are dropped or grown (docs/usage.md, "The
   // receive cap").
@@ -28,15 +29,47 @@ struct BufferShape {
   int64_t max_rows() const { return world * max_tokens; }         // every rank's tokens (W*T)
   int64_t max_chunks() const { return (max_tokens + dispatch_chunk - 1) / dispatch_chunk; }
   int64_t nodes() const { return world / ranks; }
+  // Rows of the rings between domains: K chunk slots per other domain (empty with one domain).
+  int64_t ring_rows() const {
+    return nodes() > 1 ? (nodes() - 1) * net_ring_chunks * dispatch_chunk : 0;
+  }
+  // 32-bit words of one token's routing bits for one domain (a bit per column of the domain).
+  int64_t routing_words() const { return (prob_cols() + 31) / 32; }
   // The flag tables' shapes (memory/flag_tables.h), at the buffer's chunk count.
   FlagTables flag_shapes() const {
     return FlagTables::shaped(int(ranks), int(nodes()), int(max_chunks()));
   }
 };
 
+// Bytes of one region's ring that the default depth (HYBRID_EP_NET_RING_CHUNKS unset) stays
+// within: the deepest ring of whole chunks per other domain under it, at least one chunk and at
+// most every chunk (then no sender ever waits for a credit within a call). 2 domains at hidden
+// 7168 and 64-token chunks keep all 64 chunks of 4096 tokens; 64 domains get one slot per peer.
+constexpr int64_t kNetRingBudgetBytes = int64_t(64) << 20;
+
+// K for `requested` chunk slots per other domain (0: the default above).
+inline int64_t net_ring_chunks_for(int64_t requested, int64_t nodes, int64_t dispatch_chunk,
+                                   int64_t max_chunks, int64_t row_bytes) {
+  if (requested > 0) return requested < max_chunks ? requested : max_chunks;
+  const int64_t slot = (nodes > 1 ? nodes - 1 : 1) * dispatch_chunk * row_bytes;
+  const int64_t fits = kNetRingBudgetBytes / (slot > 0 ? slot : 1);
+  return fits < 1 ? 1 : (fits < max_chunks ? fits : max_chunks);
+}
+
+// Where the rings between domains hold chunk c of the domain at index `other` among the other
+// domains (other_domain_index): row `ring_slot_row(...) + (t - c * chunk)` of a [N-1, K, chunk]
+// region holds token t of that chunk.
+__host__ __device__ inline int64_t ring_slot_row(int other, int c, int ring_chunks, int chunk) {
+  return (int64_t(other) * ring_chunks + c % ring_chunks) * chunk;
+}
+
 struct BufferLayout {
   // Registered (peer-visible) regions, byte offsets from the buffer base.
-  size_t routing;       // bool [W*T, E_total]: every rank's routing map (allgather)
+  // uint32 [W*T, routing words]: every rank's tokens' bits for this domain's experts, filled
+  // by the routing all-gather (format: kernels/common/routing_bits.h).
+  size_t routing;
+  // [N-1, T, routing words]: this rank's bits for each other domain (its network puts' source)
+  size_t staged_routing;
   size_t token_counts;  // uint64 [W]: tokens of each rank this call (for growth)
   size_t call_stamps;   // uint64 [W]: each rank's stamp of this call (routing all-gather)
   // uint64 [2][R] and [2][N]: the stamps a barrier carries from each local rank and from the
@@ -51,25 +84,32 @@ struct BufferLayout {
   size_t combine_rows;     // [M, 2 x row bytes]: this rank's combine input (BF16 rows, or the
                            // fp32 sums of the unpermute path), pulled by peers
   size_t combine_probs;    // fp32 [M, E*R]
-  // Several domains only (empty with one): receive tiles from the peer of each domain, and the
-  // local sources of this rank's puts (registered, as RDMA transports need).
-  size_t net_rows;           // [N, T, row bytes]: dispatched rows from the peer of domain n
-  size_t net_probs;          // fp32 [N, T, E*R]: their probs (the receiving domain's columns)
-  size_t net_scales;         // fp32 [N, T, H/128]: their FP8 scales
+  // Several domains only (empty with one): rings of K chunk slots per other domain (the
+  // receiver returns a credit per consumed slot; docs/multi-domain.md, "Rings"), and the local
+  // sources of this rank's puts (registered, as RDMA transports need).
+  size_t net_rows;           // ring [N-1, K, chunk, row bytes]: rows from the other domains' peers
+  size_t net_probs;          // fp32 ring: their probs (the receiving domain's columns)
+  size_t net_scales;         // fp32 ring: their FP8 scales
   size_t restriped_probs;    // fp32 [N, T, E*R]: this rank's probs, destination-major
   size_t staged_rows;        // [T, row bytes]: this rank's rows, for registered-source puts
   size_t staged_scales;      // fp32 [T, H/128]
-  size_t partials;           // [N, T, H] of partial_bytes: this domain's sums per forwarded token
-  size_t partial_probs;      // fp32 [N, T, E*R]
-  size_t net_partials;       // [N, T, H]: partial sums of this rank's tokens from domain n
-  size_t net_partial_probs;  // fp32 [N, T, E*R]
+  size_t partials;           // [T + ring rows, H] of partial_bytes: this domain's sums of this
+                             // rank's own tokens, then a ring of the other domains' (put sources)
+  size_t partial_probs;      // fp32 [T + ring rows, E*R]
+  size_t net_partials;       // ring [N-1, K, chunk, H]: partials of this rank's tokens from the
+                             // other domains
+  size_t net_partial_probs;  // fp32 ring
   size_t barrier_flags;      // uint64 [R]: one per sending local rank (barrier, all-gather)
   size_t forward_flags;      // uint64 [R]: the other domains' maps forwarded by local rank j
   // The flag tables (memory/flag_tables.h; flag_tables() below).
-  size_t dispatch_flags;     // uint64 [R, N, max chunks]: (forwarding rank, domain, chunk)
-  size_t unpermute_flags;    // uint64 [R, N, max chunks, kUnpermuteSlices]: fused unpermute
-  size_t network_flags;      // uint64 [N, max chunks]: dispatch chunks from the peer of domain n
-  size_t combine_flags;      // uint64 [N, max chunks]: combine partials from the peer of domain n
+  size_t dispatch_flags;   // uint64 [R, N, max chunks]: (forwarding rank, domain, chunk)
+  size_t unpermute_flags;  // uint64 [R, N, max chunks, kUnpermuteSlices]: fused unpermute
+  size_t network_flags;    // uint64 [N, max chunks]: dispatch chunks from the peer of domain n
+  size_t combine_flags;    // uint64 [N, max chunks]: combine partials from the peer of domain n
+  // uint64 [N, max chunks]: credits, chunk c's ring slot consumed by the peer of domain n (the
+  // dispatch's rows there; the combine's partials there).
+  size_t dispatch_credits;
+  size_t combine_credits;
   size_t net_barrier_flags;  // uint64 [N]
   size_t receive_releases;   // uint64: times this rank has read its dispatch_rows out
   size_t flags_begin, flags_end;
@@ -89,8 +129,12 @@ struct BufferLayout {
     const size_t prob_row = s.prob_cols() * f32, scale_row = s.max_scale_cols * f32;
     const size_t tiles = nodes > 1 ? nodes * size_t(s.max_tokens) : 0;  // N*T
     const size_t own = nodes > 1 ? size_t(s.max_tokens) : 0;
+    const size_t ring = size_t(s.ring_rows());
     const size_t partial_row = size_t(s.max_row_bytes / 2) * size_t(s.partial_bytes);
-    visit("routing", &BufferLayout::routing, rows * static_cast<size_t>(s.experts_total()));
+    const size_t routing_row = size_t(s.routing_words()) * sizeof(uint32_t);
+    visit("routing", &BufferLayout::routing, rows * routing_row);
+    visit("staged_routing", &BufferLayout::staged_routing,
+          (nodes - 1) * size_t(s.max_tokens) * routing_row);
     visit("token_counts", &BufferLayout::token_counts, u64 * s.world);
     visit("call_stamps", &BufferLayout::call_stamps, u64 * s.world);
     visit("barrier_stamps", &BufferLayout::barrier_stamps, u64 * 2 * ranks);
@@ -100,16 +144,16 @@ struct BufferLayout {
     visit("dispatch_scales", &BufferLayout::dispatch_scales, received * scale_row);
     visit("combine_rows", &BufferLayout::combine_rows, received * s.max_row_bytes * 2);
     visit("combine_probs", &BufferLayout::combine_probs, received * prob_row);
-    visit("net_rows", &BufferLayout::net_rows, tiles * s.max_row_bytes);
-    visit("net_probs", &BufferLayout::net_probs, tiles * prob_row);
-    visit("net_scales", &BufferLayout::net_scales, tiles * scale_row);
+    visit("net_rows", &BufferLayout::net_rows, ring * s.max_row_bytes);
+    visit("net_probs", &BufferLayout::net_probs, ring * prob_row);
+    visit("net_scales", &BufferLayout::net_scales, ring * scale_row);
     visit("restriped_probs", &BufferLayout::restriped_probs, tiles * prob_row);
     visit("staged_rows", &BufferLayout::staged_rows, own * s.max_row_bytes);
     visit("staged_scales", &BufferLayout::staged_scales, own * scale_row);
-    visit("partials", &BufferLayout::partials, tiles * partial_row);
-    visit("partial_probs", &BufferLayout::partial_probs, tiles * prob_row);
-    visit("net_partials", &BufferLayout::net_partials, tiles * partial_row);
-    visit("net_partial_probs", &BufferLayout::net_partial_probs, tiles * prob_row);
+    visit("partials", &BufferLayout::partials, (own + ring) * partial_row);
+    visit("partial_probs", &BufferLayout::partial_probs, (own + ring) * prob_row);
+    visit("net_partials", &BufferLayout::net_partials, ring * partial_row);
+    visit("net_partial_probs", &BufferLayout::net_partial_probs, ring * prob_row);
     // The flags, from barrier_flags on, are zeroed together (flags_begin..flags_end).
     visit("barrier_flags", &BufferLayout::barrier_flags, flags.barrier.bytes());
     visit("forward_flags", &BufferLayout::forward_flags, flags.forward.bytes());
@@ -117,6 +161,8 @@ struct BufferLayout {
     visit("unpermute_flags", &BufferLayout::unpermute_flags, flags.unpermute.bytes());
     visit("network_flags", &BufferLayout::network_flags, flags.network.bytes());
     visit("combine_flags", &BufferLayout::combine_flags, flags.combine.bytes());
+    visit("dispatch_credits", &BufferLayout::dispatch_credits, flags.dispatch_credits.bytes());
+    visit("combine_credits", &BufferLayout::combine_credits, flags.combine_credits.bytes());
     visit("net_barrier_flags", &BufferLayout::net_barrier_flags, flags.net_barrier.bytes());
     visit("receive_releases", &BufferLayout::receive_releases, u64);
   }
@@ -143,6 +189,8 @@ struct BufferLayout {
     t.unpermute.at = unpermute_flags;
     t.network.at = network_flags;
     t.combine.at = combine_flags;
+    t.dispatch_credits.at = dispatch_credits;
+    t.combine_credits.at = combine_credits;
     t.net_barrier.at = net_barrier_flags;
     return t;
   }

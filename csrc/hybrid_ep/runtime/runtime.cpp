@@ -29,14 +29,19 @@ int ring_stages(int wanted, int minimum, size_t stage_bytes, size_t reserved, in
 BufferShape shape_of(const RuntimeConfig& config) {
   const int64_t worst = int64_t(config.world) * config.max_tokens;
   const int64_t received = config.max_received > 0 ? std::min(config.max_received, worst) : worst;
+  const int64_t row_bytes = int64_t(config.hidden) * 2;
+  const int64_t chunks =
+      (int64_t(config.max_tokens) + config.dispatch_chunk - 1) / std::max(1, config.dispatch_chunk);
   return BufferShape{config.world,
                      config.ranks,
                      config.experts_per_rank,
                      config.max_tokens,
-                     int64_t(config.hidden) * 2,
+                     row_bytes,
                      config.hidden / 128,
                      config.dispatch_chunk,
                      config.combine_wire_fp32 ? 4 : 2,
+                     net_ring_chunks_for(config.net_ring_chunks, config.nodes,
+                                         config.dispatch_chunk, chunks, row_bytes),
                      received};
 }
 

@@ -49,6 +49,9 @@ struct RuntimeConfig {
   // HYBRID_EP_PROB_PUTS=token: the dispatch's network leg puts each token's probs on its own
   // (the form before the restripe coalesced them per run), to measure what coalescing saves.
   bool prob_puts_per_token = false;
+  // HYBRID_EP_NET_RING_CHUNKS: chunk slots per other domain of the rings between domains; 0: the
+  // default (net_ring_chunks_for, memory/layout.h).
+  int net_ring_chunks = 0;
   // The transport backend's settings (TransportSetup::options), filled by the Python layer.
   std::map<std::string, std::string> transport_options;
 };
