@@ -4,7 +4,9 @@ A token crosses the network once per destination domain, to the peer with the sa
 there. Per (chunk, destination domain) the sender issues one put per maximal run of consecutive
 tokens for each tensor (rows, probs, FP8 scales) — a dense chunk is one run, so one put per
 tensor — and exactly one signal, also when the chunk holds no token for that domain, so the
-receiver never waits forever. Chunk c is sent by block c % blocks on channel block % channels.
+receiver never waits forever. The dispatch sends chunk c from block c % blocks, the combine
+chunk c of the k-th other domain from block (c * (N - 1) + k) % blocks; a block sends on
+channel block % channels.
 The reference engine counts these operations so that tests (and the CUDA engine's counters)
 have an oracle; docs/multi-domain.md (Dispatch, Combine) states the same rules.
 """
@@ -104,19 +106,21 @@ def count_combine_sends(stats: TransportStats, rdma_to_attn: torch.Tensor, node_
 
     ``rdma_to_attn`` is the handle's bool [ceil16(T), N] map (token t of the peer in domain n
     came to this domain). Per (chunk, other domain): one put per maximal run per tensor and
-    one signal; chunk c is sent on channel (c % blocks) % channels, ``blocks`` being the
-    combine's SM count.
+    one signal; chunk c of the k-th other domain (in the order node_rank + 1, node_rank + 2,
+    ...) is pair q = c * (N - 1) + k, reduced and sent by block q % blocks on channel
+    (q % blocks) % channels, ``blocks`` being the combine's SM count (combine_across.cuh's
+    ChunkWalk).
     """
     channels = len(stats.channels)
     chunks = -(-tokens // chunk)
     tensors = [w for w in (widths.row, widths.probs, widths.scales) if w]
     came = rdma_to_attn[:tokens].cpu()
+    nodes = came.shape[1]
     for c in range(chunks):
-        channel = stats.channels[(c % blocks) % channels]
         rows = came[c * chunk:(c + 1) * chunk]
-        for n in range(rows.shape[1]):
-            if n == node_rank:
-                continue
+        for k in range(nodes - 1):
+            n = (node_rank + 1 + k) % nodes
+            channel = stats.channels[((c * (nodes - 1) + k) % blocks) % channels]
             runs = plan_runs(rows[:, n])
             channel.puts += len(runs) * len(tensors)
             channel.bytes += sum(length for _, length in runs) * sum(tensors)
