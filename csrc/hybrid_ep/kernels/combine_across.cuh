@@ -1,8 +1,8 @@
 // Combine between NVLink domains (CombineParams::partial; docs/multi-domain.md, "Combine"), in
 // the one persistent combine grid. Block b walks the forwarded token space chunk by chunk
 // (ChunkWalk): its share of every other domain's chunk c (their partials leave over the
-// network), this rank's own chunk c if it is b's, and K - 1 chunks behind, the final sums of
-// its own chunks (they need the other domains' partials, which arrive meanwhile). The
+// network), and `lag` chunks behind, the in-domain sums and then the final sums of its own
+// chunks (they need the other domains' partials, which arrive meanwhile). The
 // partials between domains travel through rings (kernels/common/ring_credits.cuh): a chunk's
 // partials for domain n are written once n credited chunk c - K back.
 //   reduce warps  (combine.cu): each token's in-domain sum becomes a partial, rounded once to
@@ -52,17 +52,21 @@ struct FinalRange {
 
 // The work of block b of `blocks`, in the order every role of the block walks it. Inside one
 // domain: its chunks c = b, b + blocks, ..., one per round. With several domains, round cc (of
-// the C chunks) holds the block's first-pass items of chunk cc: the other domains' pairs
+// the C chunks) holds the block's first-pass items of the other domains' chunk cc: pairs
 // q = cc * (N - 1) + k with q % blocks == b (so a chunk's domains spread over the blocks, as the
-// dispatch's), then, if cc % blocks == b, this rank's own chunk cc; and after them the final
-// passes of own chunks f placed at round min(f + K - 1, C - 1). A first-pass item of chunk c
-// waits for the credit of chunk c - K, given in its receiver's final pass of c - K, which
-// follows only first-pass items of chunks up to c - 1: no wait can close a cycle between ranks.
-// With every chunk in the ring (K = C) all final passes come after the block's last chunk.
+// dispatch's); then, for each of its own chunks f placed at this round (round
+// min(f + lag, C - 1)), the in-domain sum of f and right after it f's final pass. The own
+// chunks wait for nothing, so they go last, where the other domains' partials have had the
+// longest to arrive. A first-pass item of chunk c waits for the credit of chunk c - K, given in
+// its receiver's final pass of c - K, which follows only items of chunks up to c - K + lag <= c
+// - 1: no wait can close a cycle between ranks. The lag is a whole number of rounds of the
+// block's own chunks below K (before the pairs were spread, one round of lag per `blocks`
+// chunks measured best: benchmarks/results/2026-12-02-net-rings.md); with every chunk in the
+// ring every final pass comes after the block's last chunk.
 struct ChunkWalk {
   int items;  // first-pass items of this block
   int C;      // chunks per domain (several domains)
-  int K;      // ring slots per other domain (several domains)
+  int lag;    // chunks the final pass of an own chunk trails it by (several domains)
 
   __device__ static ChunkWalk of(const CombineParams& p) {
     const int b = blockIdx.x, blocks = p.combine_blocks;
@@ -71,21 +75,25 @@ struct ChunkWalk {
       return {ceil_div_pos(chunks - b, blocks), 0, 0};
     }
     const int C = p.across.max_chunks;
-    ChunkWalk w{0, C, min(p.across.ring_chunks, C)};
+    const int K = min(p.across.ring_chunks, C);
+    ChunkWalk w{0, C, (K - 1) / blocks * blocks};
     w.items = w.before(p, C);
     return w;
   }
 
-  // Several domains: the block's other-domain pairs, own chunks and first-pass items of
-  // chunks before cc.
+  // Several domains: the block's other-domain pairs of chunks before cc, its own chunks before
+  // cc, its own chunks placed at rounds before cc, and its first-pass items before round cc.
   __device__ int pairs_before(const CombineParams& p, int cc) const {
     return ceil_div_pos(cc * (p.domain.nodes - 1) - int(blockIdx.x), p.combine_blocks);
   }
   __device__ int own_before(const CombineParams& p, int cc) const {
     return ceil_div_pos(cc - int(blockIdx.x), p.combine_blocks);
   }
+  __device__ int own_placed_before(const CombineParams& p, int cc) const {
+    return cc >= C ? own_before(p, C) : own_before(p, cc - lag);
+  }
   __device__ int before(const CombineParams& p, int cc) const {
-    return pairs_before(p, cc) + own_before(p, cc);
+    return pairs_before(p, cc) + own_placed_before(p, cc);
   }
 
   __device__ int rounds(const CombineParams& p) const { return p.partial ? C : items; }
@@ -96,15 +104,10 @@ struct ChunkWalk {
   __device__ int round_end(const CombineParams& p, int round) const {
     return p.partial ? before(p, round + 1) : round + 1;
   }
-  // The own chunks whose final pass follows `round`'s items.
+  // The own chunks whose final pass follows `round`'s items: those placed at it.
   __device__ FinalRange round_finals(const CombineParams& p, int round) const {
     if (!p.partial) return {0, 0};
-    const int b = blockIdx.x, blocks = p.combine_blocks;
-    const int lowest = round == C - 1 ? max(0, C - K) : round - (K - 1);
-    const int highest = round - (K - 1);  // at the last round: every later f too
-    if (round < C - 1 && (highest < 0 || highest % blocks != b)) return {0, 0};
-    const int first = ceil_div_pos(lowest - b, blocks);
-    return {first, round == C - 1 ? own_before(p, C) : first + 1};
+    return {own_placed_before(p, round), own_placed_before(p, round + 1)};
   }
 
   __device__ ChunkItem item(const CombineParams& p, int node, int c) const {
@@ -120,7 +123,7 @@ struct ChunkWalk {
       const int first = c * p.chunk;
       return {p.domain.node_rank, c, first, min(first + p.chunk, p.num_tokens)};
     }
-    int lo = 0, hi = C - 1;  // the chunk of item k: the last cc with before(cc) <= k
+    int lo = 0, hi = C - 1;  // the round of item k: the last cc with before(cc) <= k
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
       if (before(p, mid) <= k)
@@ -129,12 +132,12 @@ struct ChunkWalk {
         hi = mid - 1;
     }
     const int others = p.domain.nodes - 1;
-    const int pair = k - own_before(p, lo);  // the block's pair index, if it is one
-    const int q = b + pair * blocks;
+    const int pair = k - own_placed_before(p, lo);  // the block's pair index, if it is one
     if (pair < pairs_before(p, lo + 1)) {
+      const int q = b + pair * blocks;
       return item(p, (p.domain.node_rank + 1 + q % others) % p.domain.nodes, q / others);
     }
-    return item(p, p.domain.node_rank, lo);
+    return item(p, p.domain.node_rank, b + (k - pairs_before(p, lo + 1)) * blocks);
   }
 
   // The first-pass items whose partials go over the network: the block's pairs, sent(p) of
@@ -142,13 +145,13 @@ struct ChunkWalk {
   __device__ int sent(const CombineParams& p) const { return p.partial ? pairs_before(p, C) : 0; }
   __device__ int sent_item(const CombineParams& p, int i) const {
     const int q = int(blockIdx.x) + i * p.combine_blocks;
-    return i + own_before(p, q / (p.domain.nodes - 1));
+    return i + own_placed_before(p, q / (p.domain.nodes - 1));
   }
   // reduced counts a warp's first-pass items in walk order: the count once own chunk j's
-  // partials are written (its item follows the pairs of its chunk).
+  // partials are written (its item follows the pairs of the round it is placed at).
   __device__ uint32_t reduced_through_own(const CombineParams& p, int j) const {
     const int f = int(blockIdx.x) + j * p.combine_blocks;
-    return uint32_t(pairs_before(p, f + 1) + own_before(p, f) + 1);
+    return uint32_t(pairs_before(p, min(f + lag, C - 1) + 1) + j + 1);
   }
 };
 
