@@ -254,6 +254,16 @@ def test_cli_takes_the_receive_cap(capsys):
     assert "--max-tokens-for-experts" in capsys.readouterr().err
 
 
+def test_cli_takes_the_ring_depth(capsys):
+    assert cli.main(["memory", "--world", "32", "--ranks-per-domain", "8", "--hidden", "7168",
+                     "--tokens", "4096", "--experts-per-rank", "8", "--net-ring-chunks", "2"]) == 0
+    plan = hybrid_ep.memory_plan(32, 8, 7168, 4096, 8, net_ring_chunks=2)
+    assert plan["net_rows"] == 3 * 2 * 64 * 7168 * 2
+    rows = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]
+            if not line.startswith("-")}
+    assert rows["net_rows"] == f"{plan['net_rows']:,}"
+
+
 def test_cli_rejects_a_bad_config(capsys):
     with pytest.raises(SystemExit) as caught:
         cli.main(["memory", "--world", "12", "--ranks-per-domain", "8", "--hidden", "7168",

@@ -101,7 +101,8 @@ def _memory(args) -> int:
     try:
         plan = memory_plan(args.world, args.ranks_per_domain, args.hidden, args.tokens,
                            args.experts_per_rank, combine_wire=args.combine_wire,
-                           max_num_of_tokens_for_experts=args.max_tokens_for_experts)
+                           max_num_of_tokens_for_experts=args.max_tokens_for_experts,
+                           net_ring_chunks=args.net_ring_chunks)
     except (TypeError, ValueError) as error:
         raise SystemExit(f"hybrid-ep memory: {error}") from None
     print(format_table(plan))
@@ -144,6 +145,9 @@ def main(argv=None) -> int:
                         "min(--world, 64) x --tokens)")
     m.add_argument("--combine-wire", choices=("bf16", "fp32"), default=None,
                    help="partial sums between domains (default: HYBRID_EP_COMBINE_WIRE, else bf16)")
+    m.add_argument("--net-ring-chunks", type=count_at_least(1), default=None,
+                   help="chunk slots per other domain of the rings between domains (default: "
+                        "HYBRID_EP_NET_RING_CHUNKS, else the deepest ring within 64 MiB)")
     m.add_argument("--json", help="also write the plan (region -> bytes) to this JSON file")
     m.set_defaults(func=_memory)
     args = parser.parse_args(argv)
