@@ -102,3 +102,23 @@ def run_under_env(gpu_pools, W: int, placement: str, environment: dict, case: st
     return gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
                          environment=environment, case=case, cases_module=cases_module,
                          spec=spec)
+
+
+def matrix_under_env(gpu_pools, record_property, W: int, placement: str, R: int, case: dict,
+                     environment: dict, label: str) -> None:
+    """A multi-domain matrix case (test_gpu_multi_domain.MATRIX) with ``environment`` set,
+    checked against the reference and reported."""
+    spec = domain_matrix_spec(W, R, case)
+    results = run_under_env(gpu_pools, W, placement, environment, "dispatch_combine", spec)
+    report(record_property, results, label=f"{W // R}x{R} {label} tokens={spec['tokens']}")
+
+
+def permute_under_env(gpu_pools, record_property, W: int, placement: str, R: int, extra: dict,
+                      environment: dict, label: str) -> None:
+    """A multi-domain permute pair (test_gpu_multi_domain.PERMUTE) with ``environment`` set; its
+    combine is checked where the pair is BF16."""
+    spec = domain_permute_spec(W, R, extra)
+    results = run_under_env(gpu_pools, W, placement, environment, "permute_combine", spec,
+                            cases_module="gpu_permute_cases")
+    report(record_property, results, label=f"permute {W // R}x{R} {label}",
+           combines=int(extra["dtype"] == "bf16"))

@@ -17,8 +17,9 @@ from gpu_specs import (
     domain_permute_spec,
     growth_specs,
     make_spec,
+    matrix_under_env,
+    permute_under_env,
     report,
-    run_under_env,
     spec_id,
 )
 
@@ -194,14 +195,10 @@ FP32_WIRE = {"HYBRID_EP_COMBINE_WIRE": "fp32"}
 def test_dispatch_combine_domains_fp32_wire(gpu_pools, record_property, W, placement, R, case):
     """The matrix with HYBRID_EP_COMBINE_WIRE=fp32: the partials travel unrounded (the oracle,
     the reference engine under the same variable, and the round trip x * copies follow)."""
-    spec = domain_matrix_spec(W, R, case)
-    results = run_under_env(gpu_pools, W, placement, FP32_WIRE, "dispatch_combine", spec)
-    report(record_property, results, label=f"{W // R}x{R} fp32 wire tokens={spec['tokens']}")
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, FP32_WIRE, "fp32 wire")
 
 
 @pytest.mark.parametrize("W,placement,R,extra", permute_params("-fp32wire", ("bf16",)))
 def test_permute_domains_fp32_wire(gpu_pools, record_property, W, placement, R, extra):
-    spec = domain_permute_spec(W, R, extra)  # bf16 only: H 2064
-    results = run_under_env(gpu_pools, W, placement, FP32_WIRE, "permute_combine", spec,
-                            cases_module="gpu_permute_cases")
-    report(record_property, results, label=f"permute {W // R}x{R} fp32 wire")
+    # bf16 only: H 2064
+    permute_under_env(gpu_pools, record_property, W, placement, R, extra, FP32_WIRE, "fp32 wire")

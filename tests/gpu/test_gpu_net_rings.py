@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from gpu_env import gpu_marks, placement_param
-from gpu_specs import domain_matrix_spec, domain_permute_spec, report, run_under_env
+from gpu_specs import matrix_under_env, permute_under_env, report
 from test_gpu_multi_domain import matrix_params, permute_params
 from test_gpu_wire_model import UNDER_WIRE
 
@@ -21,34 +21,24 @@ RING_1 = {"HYBRID_EP_NET_RING_CHUNKS": "1"}
 
 @pytest.mark.parametrize("W,placement,R,case", matrix_params("-ring2"))
 def test_dispatch_combine_domains_ring2(gpu_pools, record_property, W, placement, R, case):
-    spec = domain_matrix_spec(W, R, case)
-    results = run_under_env(gpu_pools, W, placement, RING_2, "dispatch_combine", spec)
-    report(record_property, results, label=f"{W // R}x{R} ring 2 tokens={spec['tokens']}")
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, RING_2, "ring 2")
 
 
 @pytest.mark.parametrize("W,placement,R,case", matrix_params("-ring1"))
 def test_dispatch_combine_domains_ring1(gpu_pools, record_property, W, placement, R, case):
-    spec = domain_matrix_spec(W, R, case)
-    results = run_under_env(gpu_pools, W, placement, RING_1, "dispatch_combine", spec)
-    report(record_property, results, label=f"{W // R}x{R} ring 1 tokens={spec['tokens']}")
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, RING_1, "ring 1")
 
 
 @pytest.mark.parametrize("W,placement,R,case", matrix_params("-ring2-wire", most_ranks=8))
 def test_dispatch_combine_domains_ring2_under_wire(gpu_pools, record_property, W, placement, R,
                                                    case):
-    spec = domain_matrix_spec(W, R, case)
-    results = run_under_env(gpu_pools, W, placement, RING_2 | UNDER_WIRE, "dispatch_combine",
-                            spec)
-    report(record_property, results, label=f"{W // R}x{R} ring 2 wire")
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, RING_2 | UNDER_WIRE,
+                     "ring 2 wire")
 
 
 @pytest.mark.parametrize("W,placement,R,extra", permute_params("-ring1"))
 def test_permute_domains_ring1(gpu_pools, record_property, W, placement, R, extra):
-    spec = domain_permute_spec(W, R, extra)
-    results = run_under_env(gpu_pools, W, placement, RING_1, "permute_combine", spec,
-                            cases_module="gpu_permute_cases")
-    report(record_property, results, label=f"permute {W // R}x{R} ring 1",
-           combines=int(extra["dtype"] == "bf16"))
+    permute_under_env(gpu_pools, record_property, W, placement, R, extra, RING_1, "ring 1")
 
 
 @pytest.mark.parametrize("W,placement,R,K", [

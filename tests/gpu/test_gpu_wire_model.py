@@ -9,7 +9,7 @@ from __future__ import annotations
 import gpu_env
 import pytest
 from gpu_env import gpu_marks
-from gpu_specs import domain_matrix_spec, domain_permute_spec, report, run_under_env
+from gpu_specs import matrix_under_env, permute_under_env
 from test_gpu_multi_domain import CHUNK, matrix_params, permute_params
 
 pytestmark = gpu_marks
@@ -20,18 +20,12 @@ UNDER_WIRE = {"HYBRID_EP_P2P_WIRE": WIRE, "HYBRID_EP_NUM_CHANNELS": "2"}
 
 @pytest.mark.parametrize("W,placement,R,case", matrix_params("-wire"))
 def test_dispatch_combine_domains_under_wire(gpu_pools, record_property, W, placement, R, case):
-    spec = domain_matrix_spec(W, R, case)
-    results = run_under_env(gpu_pools, W, placement, UNDER_WIRE, "dispatch_combine", spec)
-    report(record_property, results, label=f"{W // R}x{R} wire tokens={spec['tokens']}")
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, UNDER_WIRE, "wire")
 
 
 @pytest.mark.parametrize("W,placement,R,extra", permute_params("-wire"))
 def test_permute_domains_under_wire(gpu_pools, record_property, W, placement, R, extra):
-    spec = domain_permute_spec(W, R, extra)
-    results = run_under_env(gpu_pools, W, placement, UNDER_WIRE, "permute_combine", spec,
-                            cases_module="gpu_permute_cases")
-    report(record_property, results, label=f"permute {W // R}x{R} wire",
-           combines=int(extra["dtype"] == "bf16"))
+    permute_under_env(gpu_pools, record_property, W, placement, R, extra, UNDER_WIRE, "wire")
 
 
 @pytest.mark.skipif(gpu_env.DRY_RUN, reason="drives the CUDA runtime directly")
