@@ -123,6 +123,19 @@ def test_ring_depth_follows_the_environment(monkeypatch):
         _ring_plan(8, 2, 1024, 500, 64)
 
 
+def test_the_credit_fault_is_read_and_checked(monkeypatch):
+    """HYBRID_EP_FAULT (the GPU tests' starved senders) takes only the faults it names."""
+    from hybrid_ep.config import FAULTS, EnvSettings
+
+    assert EnvSettings.read().fault == "off"
+    for fault in FAULTS:
+        monkeypatch.setenv("HYBRID_EP_FAULT", fault)
+        assert EnvSettings.read().fault == fault
+    monkeypatch.setenv("HYBRID_EP_FAULT", "withhold_credits")
+    with pytest.raises(ValueError, match="HYBRID_EP_FAULT='withhold_credits'"):
+        EnvSettings.read()
+
+
 @pytest.mark.parametrize("topo,hidden,tokens,experts,wire", GRID, ids=GRID_IDS)
 def test_routing_is_one_domains_bits_per_token(topo, hidden, tokens, experts, wire):
     """Every rank's tokens, as 32-bit words of bits of the receiving domain's E*R experts; with

@@ -80,6 +80,10 @@ ENV_VARS = (
            "several domains: chunk slots per other domain of the rings the rows and partials "
            "between domains land in (the receiver credits each consumed slot back); auto: the "
            "deepest that keeps a ring within 64 MiB, 1 to every chunk"),
+    EnvVar("HYBRID_EP_FAULT", "off",
+           "testing only, CUDA engine, several domains: withhold_dispatch_credits or "
+           "withhold_combine_credits makes this rank's kernels never credit the ring slots of "
+           "that op back, so the other domains' senders time out at the credit wait"),
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
@@ -106,6 +110,9 @@ ENV_VARS = (
 )
 
 _ENV_NAMES = {v.name for v in ENV_VARS}
+
+# HYBRID_EP_FAULT's injected faults (the timeout tests reach waits no skipped call can).
+FAULTS = ("withhold_dispatch_credits", "withhold_combine_credits")
 
 
 def _raw(name: str) -> str | None:
@@ -229,6 +236,7 @@ class EnvSettings:
     p2p_wire: WireSpec | None = None  # HYBRID_EP_P2P_WIRE; None: off
     prob_puts: str = "run"  # run or token
     net_ring_chunks: int = 0  # HYBRID_EP_NET_RING_CHUNKS; 0: automatic
+    fault: str = "off"  # HYBRID_EP_FAULT (tests): off or FAULTS
 
 
     @staticmethod
@@ -259,6 +267,7 @@ class EnvSettings:
             p2p_wire=p2p_wire.parse(_raw("HYBRID_EP_P2P_WIRE")),
             prob_puts=env_choice("HYBRID_EP_PROB_PUTS", "run", ("run", "token")),
             net_ring_chunks=net_ring_chunks_from_env(),
+            fault=env_choice("HYBRID_EP_FAULT", "off", ("off", *FAULTS)),
         )
 
 

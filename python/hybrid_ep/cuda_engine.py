@@ -104,6 +104,8 @@ class CudaEngine(Engine):
         rc.combine_wire_fp32 = self.env.combine_wire == "fp32"
         rc.prob_puts_per_token = self.env.prob_puts == "token"
         rc.net_ring_chunks = self.env.net_ring_chunks
+        rc.withhold_dispatch_credits = self.env.fault == "withhold_dispatch_credits"
+        rc.withhold_combine_credits = self.env.fault == "withhold_combine_credits"
         rc.transport_options = transport_options.runtime_options(
             C.build_info()["transport"], self.topo.num_of_nodes, self.env, config, self.device)
         rc.transport_options = {**rc.transport_options, **transport_bootstrap.group_options(

@@ -104,31 +104,67 @@ def mismatch(ctx: Ctx, R: int, kind: str) -> dict:
 def skipped(ctx: Ctx, R: int, op: str, limit_s: float) -> dict:
     """Rank 1 skips the call (``op``): rank 0 raises HybridEPTimeoutError naming the call,
     the wait site and rank 1 after about ``limit_s``; its next call raises at once."""
-    from hybrid_ep import HybridEPTimeoutError
-
     spec = _spec(ctx.W, R)
     buf = _warm_buffer(ctx, spec, limit_s=limit_s)
     x, _ = make_hidden(ctx, spec, 48, "x")
     rt = make_routing(ctx, spec, 48)
-    tokens, probs, _, handle = buf.dispatch(hidden=x, **routing_args(spec, rt))
+    dispatched = buf.dispatch(hidden=x, **routing_args(spec, rt))
     ctx.quiesce()
     result = {"rank": ctx.rank}
     if ctx.rank == 0:
-        for attempt in ("first", "again"):
-            start = time.monotonic()
-            try:
-                if op == "dispatch" or attempt == "again":
-                    buf.dispatch(hidden=x, **routing_args(spec, rt))
-                else:
-                    buf.combine(tokens, probs=probs, handle=handle)
-                ctx.sync()
-                buf.dispatch(hidden=x, **routing_args(spec, rt))  # raises if the GPU did
-                result[attempt] = "returned"
-            except HybridEPTimeoutError as error:
-                result[attempt] = "timeout"
-                result[f"{attempt}_message"] = str(error)
-            result[f"{attempt}_seconds"] = time.monotonic() - start
+        result = _attempts(ctx, buf, op, spec, x, rt, dispatched)
     dist.barrier()  # rank 1 waits here
+    return result
+
+
+def _attempts(ctx: Ctx, buf, op: str, spec: dict, x, rt, dispatched) -> dict:
+    """The call of ``op`` (a combine of ``dispatched``, else a dispatch) and then a dispatch,
+    each timed until it raised HybridEPTimeoutError (its message kept) or returned."""
+    from hybrid_ep import HybridEPTimeoutError
+
+    result = {"rank": ctx.rank}
+    for attempt in ("first", "again"):
+        start = time.monotonic()
+        try:
+            if op == "dispatch" or attempt == "again":
+                buf.dispatch(hidden=x, **routing_args(spec, rt))
+            else:
+                tokens, probs, _, handle = dispatched
+                buf.combine(tokens, probs=probs, handle=handle)
+            ctx.sync()
+            buf.dispatch(hidden=x, **routing_args(spec, rt))  # raises if the GPU did
+            result[attempt] = "returned"
+        except HybridEPTimeoutError as error:
+            result[attempt] = "timeout"
+            result[f"{attempt}_message"] = str(error)
+        result[f"{attempt}_seconds"] = time.monotonic() - start
+    return result
+
+
+@job
+def starved(ctx: Ctx, R: int, op: str, limit_s: float) -> dict:
+    """Every rank withholds the ring credits of ``op`` (HYBRID_EP_FAULT) on rings of 2 of the 4
+    chunks: each sender has chunks 0 and 1 in its peers' rings and waits for chunk 0's credit
+    before chunk 2, so every rank raises HybridEPTimeoutError naming the call, the credit wait
+    and the peer after about ``limit_s``; its next call raises at once."""
+    tokens = 4 * 64
+    spec = {**_spec(ctx.W, R), "tokens": [tokens] * ctx.W, "max_tokens": [tokens] * ctx.W}
+    warm = ctx.buffer(spec["H"], tokens, spec["E"], num_of_hybrid_ep_ranks_per_nvlink_domain=R)
+    run_spec(ctx, warm, spec, Stats(), salt="/warm")  # the kernels are loaded
+    ctx.drop(warm)
+    del warm
+    fault = f"withhold_{op}_credits"
+    with env(HYBRID_EP_TIMEOUT_S=str(limit_s), HYBRID_EP_NET_RING_CHUNKS="2",
+             HYBRID_EP_FAULT=fault):
+        buf = ctx.buffer(spec["H"], tokens, spec["E"], num_of_hybrid_ep_ranks_per_nvlink_domain=R)
+    x, _ = make_hidden(ctx, spec, tokens, "x")
+    rt = make_routing(ctx, spec, tokens)
+    dispatched = None
+    if op == "combine":  # the dispatch's credits flow
+        dispatched = buf.dispatch(hidden=x, **routing_args(spec, rt))
+    ctx.quiesce()
+    result = _attempts(ctx, buf, op, spec, x, rt, dispatched)
+    dist.barrier()
     return result
 
 

@@ -70,6 +70,28 @@ def test_skipped_call_times_out(gpu_pools, W, placement, R, op, site):
     assert first["again"] == "timeout" and first["again_seconds"] < 2, first
 
 
+@pytest.mark.gpu_last
+@pytest.mark.skipif(DRY_RUN, reason="the reference engine has no rings to starve")
+@pytest.mark.parametrize("op", ["dispatch", "combine"])
+@pytest.mark.parametrize("W,placement", [placement_param(2, "shared", id_extra="2x1")])
+def test_starved_of_credits_times_out(gpu_pools, W, placement, op):
+    """Issue 39: a sender whose receivers never credit a ring slot back (HYBRID_EP_FAULT) raises
+    the timeout naming the credit wait and the peer, instead of overwriting the slot or hanging."""
+    try:
+        results = gpu_pools.run(W, placement, "starved", module=MODULE, R=1, op=op,
+                                limit_s=LIMIT_S, timeout_s=120)
+    finally:
+        gpu_pools.close()
+    for rank, r in enumerate(results):
+        assert r["first"] == "timeout", r
+        message = r["first_message"]
+        assert op in message and "HYBRID_EP_TIMEOUT_S" in message, message
+        assert f"network {op} ring credit" in message, message
+        assert f"rank {1 - rank}" in message or f"ranks [{1 - rank}]" in message, message
+        assert LIMIT_S * 0.5 <= r["first_seconds"] <= LIMIT_S + 10, r
+        assert r["again"] == "timeout" and r["again_seconds"] < 2, r
+
+
 def _port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -86,6 +86,8 @@ void register_runtime(py::module_& m) {
       .def_readwrite("combine_wire_fp32", &RuntimeConfig::combine_wire_fp32)
       .def_readwrite("prob_puts_per_token", &RuntimeConfig::prob_puts_per_token)
       .def_readwrite("net_ring_chunks", &RuntimeConfig::net_ring_chunks)
+      .def_readwrite("withhold_dispatch_credits", &RuntimeConfig::withhold_dispatch_credits)
+      .def_readwrite("withhold_combine_credits", &RuntimeConfig::withhold_combine_credits)
       .def_readwrite("transport_options", &RuntimeConfig::transport_options);
 
   py::class_<Runtime>(m, "Runtime")

@@ -153,6 +153,7 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
     a.ring_chunks = int(s.net_ring_chunks);
     a.combine_credits = flags.combine_credits.with_chunks(a.max_chunks);
     a.control = runtime.control_transport();
+    a.withhold_credits = c.withhold_combine_credits;
   }
   // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
   // (or what HYBRID_EP_COMBINE_PIECES asks for, where the hidden size splits so).

@@ -53,6 +53,7 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.ring_chunks = int(s.net_ring_chunks);
   p.dispatch_credits = flags.dispatch_credits.with_chunks(p.max_chunks);
   p.control = runtime.control_transport();
+  p.withhold_credits = c.withhold_dispatch_credits;
   p.wait_receivers = runtime.releases_receive();
   p.receive_releases = l.receive_releases;
   if (c.nodes > 1 && call.probs != nullptr) {

@@ -264,7 +264,7 @@ __device__ __forceinline__ void credit_partials(const CombineParams& p, uint32_t
     __threadfence_block();
     last = atomicAdd(finals, 1u) == uint32_t(reduce_warps * (ordinal + 1) - 1);
   }
-  if (!__shfl_sync(~0u, last, 0)) return;
+  if (!__shfl_sync(~0u, last, 0) || a.withhold_credits) return;
   const DomainView& d = p.domain;
   for (int k = 0; k < d.nodes - 1; ++k) {
     TransportDevice::signal(a.control, blockIdx.x % a.channels, other_domain(k, d.node_rank),

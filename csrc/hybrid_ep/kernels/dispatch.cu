@@ -292,7 +292,7 @@ __device__ void credit_chunk(const DispatchParams& p, int* arrivals, int ordinal
     __threadfence_block();
     last = atomicAdd(&arrivals[ordinal & 1], 1) % kStoreWarps == kStoreWarps - 1;
   }
-  if (!__shfl_sync(~0u, last, 0)) return;
+  if (!__shfl_sync(~0u, last, 0) || p.withhold_credits) return;
   const DomainView& d = p.domain;
   TransportDevice::signal(p.control, blockIdx.x % p.channels, node,
                           p.dispatch_credits.slot(d.node_rank, c), 1, lane);

@@ -178,6 +178,7 @@ struct DispatchParams {
   int ring_chunks;
   ChunkFlags dispatch_credits;
   TransportContext control;
+  bool withhold_credits;  // HYBRID_EP_FAULT (tests): never credit a chunk back
   // Inside one domain of several ranks, in place of a domain barrier before the launch: no
   // block stores into peer j's dispatch_rows before j has released them (read them out) as
   // often as this rank has (uint64 at receive_releases in every rank's buffer).
@@ -238,6 +239,7 @@ struct CombineAcross {
   int ring_chunks;
   ChunkFlags combine_credits;
   TransportContext control;
+  bool withhold_credits;  // HYBRID_EP_FAULT (tests): never credit a chunk back
 };
 
 // With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens

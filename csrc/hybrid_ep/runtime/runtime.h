@@ -52,6 +52,10 @@ struct RuntimeConfig {
   // HYBRID_EP_NET_RING_CHUNKS: chunk slots per other domain of the rings between domains; 0: the
   // default (net_ring_chunks_for, memory/layout.h).
   int net_ring_chunks = 0;
+  // HYBRID_EP_FAULT (tests only): this rank's kernels never credit the ring slots of dispatch /
+  // combine back, so the other domains' senders time out at their credit wait.
+  bool withhold_dispatch_credits = false;
+  bool withhold_combine_credits = false;
   // The transport backend's settings (TransportSetup::options), filled by the Python layer.
   std::map<std::string, std::string> transport_options;
 };
