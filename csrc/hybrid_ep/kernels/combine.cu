@@ -28,6 +28,7 @@
 #include "hybrid_ep/kernels/combine_ring.cuh"
 #include "hybrid_ep/kernels/combine_sum.cuh"
 #include "hybrid_ep/kernels/combine_unpermute.cuh"
+#include "hybrid_ep/kernels/combine_walk.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ring.cuh"
@@ -96,34 +97,35 @@ __device__ void load_partials(const CombineParams& p, const Smem& s, const Chunk
   issue_copies(s, shape, routes, own.first, own.last, cur, lane);
 }
 
-// Loader warp: the walk round by round (ChunkWalk); each first-pass chunk's routes are staged (the
-// next chunk's are loaded into registers meanwhile) and its copies issued; with several domains the
-// round's final-pass chunks follow.
+// Loader warp: the walk step by step (ChunkWalk); each first-pass chunk's routes are staged (the
+// next chunk's are loaded into registers meanwhile) and its copies issued; with several domains
+// the final passes come between them.
 __device__ void load_walk(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kReduce);
   const ChunkRoutes routes{s.loader_rows, shape.width};
-  const auto fetch = [&](HeldRoutes& held, int k) {
-    if (k >= walk.items) return held.clear();
-    const ChunkItem it = walk.at(p, k);
+  WalkCursor at;
+  const auto fetch = [&](HeldRoutes& held) {
+    ChunkItem it;
+    if (!walk.next_first(p, at, it)) return held.clear();
     held.fetch(p.sparse_to_dense_map, it.first, it.last, shape.width, lane, 32);
   };
   LoaderCursor cur;
   HeldRoutes next;
-  fetch(next, 0);
-  for (int round = 0; round < walk.rounds(p); ++round) {
-    for (int k = walk.round_first(p, round); k < walk.round_end(p, round); ++k) {
-      const ChunkItem chunk = walk.at(p, k);
-      __syncwarp();  // every lane is done with the previous chunk's routes
-      next.put(routes, lane, 32);
-      fetch(next, k + 1);
-      // After a failed wait the stages are loaded anyway: the reduce warps must finish, and the
-      // abort word makes the call report instead of returning what it read.
-      if (p.unpermute_blocks > 0 && lane == 0) wait_unpermuted(p, chunk.first, chunk.last);
-      __syncwarp();
-      issue_copies(s, shape, routes, chunk.first, chunk.last, cur, lane);
+  fetch(next);
+  for (WalkStep step = walk.step(p, at); step.kind != WalkStep::kDone; step = walk.step(p, at)) {
+    if (step.kind == WalkStep::kFinal) {
+      load_partials(p, s, walk, step.own, cur, lane);
+      continue;
     }
-    const FinalRange finals = walk.round_finals(p, round);
-    for (int j = finals.first; j < finals.end; ++j) load_partials(p, s, walk, j, cur, lane);
+    const ChunkItem& chunk = step.item;
+    __syncwarp();  // every lane is done with the previous chunk's routes
+    next.put(routes, lane, 32);
+    fetch(next);
+    // After a failed wait the stages are loaded anyway: the reduce warps must finish, and the
+    // abort word makes the call report instead of returning what it read.
+    if (p.unpermute_blocks > 0 && lane == 0) wait_unpermuted(p, chunk.first, chunk.last);
+    __syncwarp();
+    issue_copies(s, shape, routes, chunk.first, chunk.last, cur, lane);
   }
 }
 
@@ -310,9 +312,9 @@ __device__ void reduce_partials(const CombineParams& p, const Smem& s, int j, Re
   combine::credit_partials(p, s.finals, kReduceWarps, j, own.c, lane);
 }
 
-// Reduce warps: the walk round by round, as the loader. Every first-pass chunk; with several
+// Reduce warps: the walk step by step, as the loader. Every first-pass chunk; with several
 // domains each warp counts each chunk done once its partials are written (for the network
-// warps and the final pass), and the round's final-pass chunks follow.
+// warps and the final pass), and the final passes come between them.
 __device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int warp,
                             int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kReduce);
@@ -321,44 +323,45 @@ __device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWa
   // table's global load sat in the chain every warp ran before waiting for its copies (ncu).
   const ProbSource lane_prob = prob_source(p, lane, probs_row(p));
   const int thread = warp * 32 + lane;
-  const auto fetch = [&](HeldRoutes& held, int k) {
-    if (k >= walk.items) return held.clear();
-    const ChunkItem it = walk.at(p, k);
+  WalkCursor at;
+  const auto fetch = [&](HeldRoutes& held) {
+    ChunkItem it;
+    if (!walk.next_first(p, at, it)) return held.clear();
     held.fetch(p.sparse_to_dense_map, it.first, it.last, shape.width, thread, kReduceThreads);
   };
   ReduceCursor cur;
   HeldRoutes next;
-  fetch(next, 0);
-  for (int round = 0; round < walk.rounds(p); ++round) {
-    for (int k = walk.round_first(p, round); k < walk.round_end(p, round); ++k) {
-      const ChunkItem chunk = walk.at(p, k);
-      ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
-      next.put(routes, thread, kReduceThreads);
-      ptx::named_barrier(kReduceBarrier, kReduceThreads);
-      fetch(next, k + 1);
-      if (warp == 0) {
-        count_chunk_copies(s, routes, chunk.last - chunk.first, lane);
-        // Several domains: the ring slot this chunk's partials go to is free.
-        if (p.partial) combine::wait_partial_slot(p, chunk, lane);
-      }
-      ptx::named_barrier(kReduceBarrier, kReduceThreads);
-      // Several domains: where this chunk's partials go (a mapped peer's ring, or here).
-      const combine::PartialTarget target =
-          p.partial ? combine::partial_target(p, chunk) : combine::PartialTarget{};
-      reduce_chunk(p, s, Pass::kReduce, shape, routes, chunk.first, chunk.last, target, lane_prob,
-                   cur, warp, lane);
-      if (p.partial) {
-        // This warp's partials of the chunk are written (maybe into a peer, in another
-        // process, or here, for the final pass's TMA loads): count it done; the network warps'
-        // signal publishes them.
-        ptx::fence_proxy_async_global();
-        __threadfence_system();
-        __syncwarp();
-        if (lane == 0) atomicAdd(s.reduced, 1u);
-      }
+  fetch(next);
+  for (WalkStep step = walk.step(p, at); step.kind != WalkStep::kDone; step = walk.step(p, at)) {
+    if (step.kind == WalkStep::kFinal) {
+      reduce_partials(p, s, step.own, cur, warp, lane);
+      continue;
     }
-    const FinalRange finals = walk.round_finals(p, round);
-    for (int j = finals.first; j < finals.end; ++j) reduce_partials(p, s, j, cur, warp, lane);
+    const ChunkItem& chunk = step.item;
+    ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
+    next.put(routes, thread, kReduceThreads);
+    ptx::named_barrier(kReduceBarrier, kReduceThreads);
+    fetch(next);
+    if (warp == 0) {
+      count_chunk_copies(s, routes, chunk.last - chunk.first, lane);
+      // Several domains: the ring slot this chunk's partials go to is free.
+      if (p.partial) combine::wait_partial_slot(p, chunk, lane);
+    }
+    ptx::named_barrier(kReduceBarrier, kReduceThreads);
+    // Several domains: where this chunk's partials go (a mapped peer's ring, or here).
+    const combine::PartialTarget target =
+        p.partial ? combine::partial_target(p, chunk) : combine::PartialTarget{};
+    reduce_chunk(p, s, Pass::kReduce, shape, routes, chunk.first, chunk.last, target, lane_prob,
+                 cur, warp, lane);
+    if (p.partial) {
+      // This warp's partials of the chunk are written (maybe into a peer, in another process,
+      // or here, for the final pass's TMA loads): count it done; the network warps' signal
+      // publishes them.
+      ptx::fence_proxy_async_global();
+      __threadfence_system();
+      __syncwarp();
+      if (lane == 0) atomicAdd(s.reduced, 1u);
+    }
   }
 }
 

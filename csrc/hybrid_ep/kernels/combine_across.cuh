@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "hybrid_ep/kernels/combine_walk.cuh"
 #include "hybrid_ep/kernels/common/bf16.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/domains.cuh"
@@ -34,126 +35,6 @@
 
 namespace hybrid_ep {
 namespace combine {
-
-// A chunk of the forwarded token space: tokens [first, last) (n * T + t with several
-// domains), chunk c of domain `node`.
-struct ChunkItem {
-  int node;
-  int c;
-  int first, last;
-};
-
-__device__ __forceinline__ int ceil_div_pos(int a, int b) { return a > 0 ? (a + b - 1) / b : 0; }
-
-// Own chunks [first, end) (OwnChunk indices) whose final pass a round holds.
-struct FinalRange {
-  int first, end;
-};
-
-// The work of block b of `blocks`, in the order every role of the block walks it. Inside one
-// domain: its chunks c = b, b + blocks, ..., one per round. With several domains, round cc (of
-// the C chunks) holds the block's first-pass items of the other domains' chunk cc: pairs
-// q = cc * (N - 1) + k with q % blocks == b (so a chunk's domains spread over the blocks, as the
-// dispatch's); then, for each of its own chunks f placed at this round (round
-// min(f + lag, C - 1)), the in-domain sum of f and right after it f's final pass. The own
-// chunks wait for nothing, so they go last, where the other domains' partials have had the
-// longest to arrive. A first-pass item of chunk c waits for the credit of chunk c - K, given in
-// its receiver's final pass of c - K, which follows only items of chunks up to c - K + lag <= c
-// - 1: no wait can close a cycle between ranks. The lag is a whole number of rounds of the
-// block's own chunks below K (before the pairs were spread, one round of lag per `blocks`
-// chunks measured best: benchmarks/results/2026-12-02-net-rings.md); with every chunk in the
-// ring every final pass comes after the block's last chunk.
-struct ChunkWalk {
-  int items;  // first-pass items of this block
-  int C;      // chunks per domain (several domains)
-  int lag;    // chunks the final pass of an own chunk trails it by (several domains)
-
-  __device__ static ChunkWalk of(const CombineParams& p) {
-    const int b = blockIdx.x, blocks = p.combine_blocks;
-    if (!p.partial) {
-      const int chunks = (p.num_tokens + p.chunk - 1) / p.chunk;
-      return {ceil_div_pos(chunks - b, blocks), 0, 0};
-    }
-    const int C = p.across.max_chunks;
-    const int K = min(p.across.ring_chunks, C);
-    ChunkWalk w{0, C, (K - 1) / blocks * blocks};
-    w.items = w.before(p, C);
-    return w;
-  }
-
-  // Several domains: the block's other-domain pairs of chunks before cc, its own chunks before
-  // cc, its own chunks placed at rounds before cc, and its first-pass items before round cc.
-  __device__ int pairs_before(const CombineParams& p, int cc) const {
-    return ceil_div_pos(cc * (p.domain.nodes - 1) - int(blockIdx.x), p.combine_blocks);
-  }
-  __device__ int own_before(const CombineParams& p, int cc) const {
-    return ceil_div_pos(cc - int(blockIdx.x), p.combine_blocks);
-  }
-  __device__ int own_placed_before(const CombineParams& p, int cc) const {
-    return cc >= C ? own_before(p, C) : own_before(p, cc - lag);
-  }
-  __device__ int before(const CombineParams& p, int cc) const {
-    return pairs_before(p, cc) + own_placed_before(p, cc);
-  }
-
-  __device__ int rounds(const CombineParams& p) const { return p.partial ? C : items; }
-  // First-pass items [first, end) of `round`.
-  __device__ int round_first(const CombineParams& p, int round) const {
-    return p.partial ? before(p, round) : round;
-  }
-  __device__ int round_end(const CombineParams& p, int round) const {
-    return p.partial ? before(p, round + 1) : round + 1;
-  }
-  // The own chunks whose final pass follows `round`'s items: those placed at it.
-  __device__ FinalRange round_finals(const CombineParams& p, int round) const {
-    if (!p.partial) return {0, 0};
-    return {own_placed_before(p, round), own_placed_before(p, round + 1)};
-  }
-
-  __device__ ChunkItem item(const CombineParams& p, int node, int c) const {
-    const int T = p.across.max_tokens;
-    return {node, c, node * T + c * p.chunk, node * T + min((c + 1) * p.chunk, T)};
-  }
-
-  // First-pass item k.
-  __device__ ChunkItem at(const CombineParams& p, int k) const {
-    const int b = blockIdx.x, blocks = p.combine_blocks;
-    if (!p.partial) {
-      const int c = b + k * blocks;
-      const int first = c * p.chunk;
-      return {p.domain.node_rank, c, first, min(first + p.chunk, p.num_tokens)};
-    }
-    int lo = 0, hi = C - 1;  // the round of item k: the last cc with before(cc) <= k
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (before(p, mid) <= k)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int others = p.domain.nodes - 1;
-    const int pair = k - own_placed_before(p, lo);  // the block's pair index, if it is one
-    if (pair < pairs_before(p, lo + 1)) {
-      const int q = b + pair * blocks;
-      return item(p, (p.domain.node_rank + 1 + q % others) % p.domain.nodes, q / others);
-    }
-    return item(p, p.domain.node_rank, b + (k - pairs_before(p, lo + 1)) * blocks);
-  }
-
-  // The first-pass items whose partials go over the network: the block's pairs, sent(p) of
-  // them; pair i is first-pass item sent_item(p, i).
-  __device__ int sent(const CombineParams& p) const { return p.partial ? pairs_before(p, C) : 0; }
-  __device__ int sent_item(const CombineParams& p, int i) const {
-    const int q = int(blockIdx.x) + i * p.combine_blocks;
-    return i + own_placed_before(p, q / (p.domain.nodes - 1));
-  }
-  // reduced counts a warp's first-pass items in walk order: the count once own chunk j's
-  // partials are written (its item follows the pairs of the round it is placed at).
-  __device__ uint32_t reduced_through_own(const CombineParams& p, int j) const {
-    const int f = int(blockIdx.x) + j * p.combine_blocks;
-    return uint32_t(pairs_before(p, min(f + lag, C - 1) + 1) + j + 1);
-  }
-};
 
 __host__ __device__ __forceinline__ size_t partial_row_bytes(const CombineParams& p) {
   return size_t(p.hidden) * (p.across.bf16_wire ? 2 : 4);
@@ -173,9 +54,9 @@ __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, cons
   const int64_t row_bytes = int64_t(partial_row_bytes(p));
   const int64_t prob_bytes = int64_t(p.prob_cols) * int64_t(sizeof(float));
   const uint8_t* self = d.self();
-  for (int i = w; i < walk.sent(p); i += warps) {
+  for (int i = w; i < walk.pairs; i += warps) {
     const int k = walk.sent_item(p, i);
-    const ChunkItem it = walk.at(p, k);
+    const ChunkItem it = walk.pair_item(p, i);
     while (*reduced < uint32_t(reduce_warps * (k + 1)) && !d.aborted()) __nanosleep(64);
     __threadfence();  // the partials the reduce warps wrote, before this warp reads them
     const bool stored = TransportDevice::mapped(a.transport, it.node) != nullptr;
@@ -200,8 +81,8 @@ __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, cons
   }
   TransportDevice::flush(a.transport, channel, lane);  // the partials are rewritten next call
   if (!ring_credited(a.ring_chunks, a.max_chunks)) return;
-  for (int i = w; i < walk.sent(p); i += warps) {
-    const ChunkItem it = walk.at(p, walk.sent_item(p, i));
+  for (int i = w; i < walk.pairs; i += warps) {
+    const ChunkItem it = walk.pair_item(p, i);
     if (it.c + a.ring_chunks < a.max_chunks) continue;  // waited for before chunk c + K
     wait_credit(d, a.combine_credits, it.node, it.c, WaitSite::kCombineCredit, lane);
   }
