@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hybrid_ep_bench.gpubench import rank_skew
-from hybrid_ep_bench.gpubench.config import OPS, RankResult
+from hybrid_ep_bench.gpubench.config import OPS, GpuBenchConfig, RankResult
 from hybrid_ep_bench.gpubench.ranks import _assign_kernels
 from hybrid_ep_bench.gpubench.timing import short_kernel_name
 
@@ -88,6 +88,17 @@ def test_mps_share_does_not_depend_on_the_permute_ops():
     assert alone.sm_percentage is None
     unpartitioned = plan_sharing(GpuBenchConfig(mps_partition=False), RunSpec("hbm", 8, 16), 1, 132)
     assert unpartitioned.sm_percentage is None
+
+
+def test_default_regimes_run_4_and_8_ranks_x_16_sms_and_1_and_2_ranks_x_8():
+    """Issue 40: 4 ranks x 16 SMs is a regime of its own beside 8 x 16; --ranks still picks one
+    rank count for every regime asked for."""
+    from hybrid_ep_bench.gpubench.ranks import specs
+
+    runs = [(s.regime, s.ranks, s.sms) for s in specs(GpuBenchConfig())]
+    assert runs == [("hbm", 4, 16), ("hbm", 8, 16), ("sm", 1, 8), ("sm", 2, 8)]
+    one = GpuBenchConfig(regimes=("hbm",), hbm_ranks=(4,))
+    assert [(s.regime, s.ranks) for s in specs(one)] == [("hbm", 4)]
 
 
 def test_short_kernel_names_drop_namespaces_templates_and_parameters():

@@ -111,7 +111,7 @@ def _bench_gpu(args) -> int:
              if getattr(args, name) is not None}
     cfg = gpubench.GpuBenchConfig(
         regimes=regimes,
-        hbm_ranks=args.ranks if args.ranks is not None else base.hbm_ranks,
+        hbm_ranks=(args.ranks,) if args.ranks is not None else base.hbm_ranks,
         hbm_sms=args.sms if args.sms is not None else base.hbm_sms,
         sm_ranks=(args.ranks,) if args.ranks is not None else base.sm_ranks,
         sm_sms=args.sms if args.sms is not None else base.sm_sms,
@@ -127,7 +127,7 @@ def _bench_gpu(args) -> int:
     if cfg.warmup < 1:
         raise SystemExit("--warmup must be >= 1 with --device cuda (the first warm-up call is "
                          "the one verified)")
-    ranks = [cfg.hbm_ranks] if "hbm" in regimes else []
+    ranks = list(cfg.hbm_ranks) if "hbm" in regimes else []
     ranks += list(cfg.sm_ranks) if "sm" in regimes else []
     if min(ranks) < 1 or min(cfg.hbm_sms, cfg.sm_sms) < 1:
         raise SystemExit("--ranks and --sms must be >= 1")
@@ -146,7 +146,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
         prog=prog, description="run dispatch/combine over local ranks, verify and time them")
     b.add_argument("--ranks", type=count_at_least(1), default=None,
                    help="local ranks to spawn (cpu: default 4; cuda: overrides the regime's, "
-                        "hbm 8, sm 1 and 2)")
+                        "hbm 4 and 8, sm 1 and 2)")
     b.add_argument("--nodes", type=count_at_least(1), default=1,
                    help="NVLink domains the ranks split into (cuda: >= 2 runs the multi-domain "
                         "bench, default ranks 2 x nodes, 8 SMs each)")
@@ -168,7 +168,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
     b.add_argument("--json", help="also write the results to this JSON file")
     g = b.add_argument_group("cuda", "options of --device cuda (hybrid_ep_bench.gpubench)")
     g.add_argument("--regime", choices=("hbm", "sm", "all"), default="all",
-                   help="hbm: 8 ranks on one GPU x 16 SMs vs the HBM roofline; sm: 1 and 2 "
+                   help="hbm: 4 and 8 ranks on one GPU x 16 SMs vs the HBM roofline; sm: 1 and 2 "
                         "ranks x 8 SMs vs the per-SM TMA copy ceiling; all: both (default)")
     g.add_argument("--sms", type=count_at_least(1), default=None,
                    help="SMs per rank for dispatch and combine (default: hbm 16, sm 8)")

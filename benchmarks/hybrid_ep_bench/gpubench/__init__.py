@@ -3,7 +3,7 @@ ceilings measured in the same run.
 
 Two regimes (benchmarks/README.md; defaults of ``--device cuda``):
 
-- ``hbm``: 8 ranks sharing one GPU (MPS), 16 SMs per rank. The kernels together can saturate
+- ``hbm``: 4 and 8 ranks sharing one GPU (MPS), 16 SMs per rank. The kernels together can saturate
   HBM: each is compared with the HBM roofline, a device-to-device copy measured in the run.
 - ``sm``: 1 rank and 2 ranks, 8 SMs per rank. HBM is far from busy: each kernel is compared with
   the per-SM TMA ceiling of its traffic pattern, measured in the run by ``_C.copy_ceiling``

@@ -37,7 +37,8 @@ PREPROCESS_KERNELS = ("allgather_kernel", "dest_mask_kernel", "scan_kernel")
 @dataclass(frozen=True)
 class GpuBenchConfig:
     regimes: tuple[str, ...] = ("hbm", "sm")
-    hbm_ranks: int = 8
+    # 4 and 8 ranks per node are where the other design led (issue 40); both run by default.
+    hbm_ranks: tuple[int, ...] = (4, 8)
     hbm_sms: int = 16
     sm_ranks: tuple[int, ...] = (1, 2)
     sm_sms: int = 8

@@ -336,7 +336,7 @@ def run_spec(cfg: GpuBenchConfig, spec: RunSpec) -> tuple[RunSpec, list[dict]]:
 def specs(cfg: GpuBenchConfig) -> list[RunSpec]:
     out = []
     if "hbm" in cfg.regimes:
-        out.append(RunSpec("hbm", cfg.hbm_ranks, cfg.hbm_sms))
+        out.extend(RunSpec("hbm", ranks, cfg.hbm_sms) for ranks in cfg.hbm_ranks)
     if "sm" in cfg.regimes:
         out.extend(RunSpec("sm", ranks, cfg.sm_sms) for ranks in cfg.sm_ranks)
     return out
