@@ -50,10 +50,10 @@ for pair in $AB_TREES; do
 done
 
 if [ "$DRY" = 0 ]; then
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 && sleep 2  # a leftover daemon
-  nvidia-cuda-mps-control -d && trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
+  # shellcheck source=tools/mps.sh
+  source "$ROOT/tools/mps.sh"
+  start_mps
+  trap stop_mps EXIT
   # An editable install would take precedence over the trees' PYTHONPATH.
   python3 -m pip uninstall -y hybrid-ep hybrid-ep-bench >/dev/null 2>&1
 fi
