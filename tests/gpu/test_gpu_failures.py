@@ -82,6 +82,7 @@ def test_starved_of_credits_times_out(gpu_pools, W, placement, op):
                                 limit_s=LIMIT_S, timeout_s=120)
     finally:
         gpu_pools.close()
+    assert len(results) == W, f"{len(results)} of {W} ranks reported: {results}"
     for rank, r in enumerate(results):
         assert r["first"] == "timeout", r
         message = r["first_message"]
