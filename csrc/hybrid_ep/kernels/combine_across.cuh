@@ -42,7 +42,7 @@ __host__ __device__ __forceinline__ size_t partial_row_bytes(const CombineParams
 
 // Network warp `w` of `warps`: this block's chunks of other domains (sent items w, w + warps,
 // ...), each once every one of the block's `reduce_warps` has counted it done in `reduced`
-// (they finish chunks in order); at the end, the credits of the last K chunks.
+// (they finish chunks in order).
 __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, const ChunkWalk& walk,
                                                     const volatile uint32_t* reduced,
                                                     int reduce_warps, TokenRun* runs, int w,
@@ -80,12 +80,6 @@ __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, cons
                tensors, a.combine_flags.slot(d.node_rank, it.c), runs, lane, stored);
   }
   TransportDevice::flush(a.transport, channel, lane);  // the partials are rewritten next call
-  if (!ring_credited(a.ring_chunks, a.max_chunks)) return;
-  for (int i = w; i < walk.pairs; i += warps) {
-    const ChunkItem it = walk.pair_item(p, i);
-    if (it.c + a.ring_chunks < a.max_chunks) continue;  // waited for before chunk c + K
-    wait_credit(d, a.combine_credits, it.node, it.c, WaitSite::kCombineCredit, lane);
-  }
 }
 
 // Where the reduce warps write the partials of chunk `it`: this rank's own tokens' into the own
@@ -139,7 +133,8 @@ __device__ __forceinline__ void wait_partial_slot(const CombineParams& p, const 
 __device__ __forceinline__ void credit_partials(const CombineParams& p, uint32_t* finals,
                                                 int reduce_warps, int ordinal, int c, int lane) {
   const CombineAcross& a = p.across;
-  if (!ring_credited(a.ring_chunks, a.max_chunks)) return;
+  // Own chunks come in ascending c, so those past the last credited one are the block's last.
+  if (!credit_flows(a.ring_chunks, a.max_chunks, c)) return;
   bool last = false;
   if (lane == 0) {
     __threadfence_block();

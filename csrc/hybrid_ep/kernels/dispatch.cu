@@ -398,7 +398,7 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
       }
       if (!stored) uncounted = {};
     }
-    if (node != d.node_rank && ring_credited(p.ring_chunks, p.max_chunks)) {
+    if (node != d.node_rank && credit_flows(p.ring_chunks, p.max_chunks, c)) {
       credit_chunk(p, s.credit_arrivals, ordinal, node, c, lane);
     }
     ++ordinal;

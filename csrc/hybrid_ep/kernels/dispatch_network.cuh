@@ -47,14 +47,6 @@ inline __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, 
   }
   // The sources (this call's rows) may be reused once the kernel ends.
   TransportDevice::flush(p.transport, channel, lane);
-  // The last K chunks' credits, which no later chunk of this call waited for.
-  if (!ring_credited(K, p.max_chunks)) return;
-  for (int pair = w; pair < my_chunks * others; pair += warps) {
-    const int c = blockIdx.x + (pair / others) * p.dispatch_blocks;
-    if (c + K < p.max_chunks) continue;
-    wait_credit(d, p.dispatch_credits, other_domain(pair % others, d.node_rank), c,
-                WaitSite::kDispatchCredit, lane);
-  }
 }
 
 }  // namespace hybrid_ep

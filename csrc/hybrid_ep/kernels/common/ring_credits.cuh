@@ -1,9 +1,10 @@
 // The rings between domains (memory/layout.h, docs/multi-domain.md "Rings"): a receiver keeps
 // K chunk slots per other domain, chunk c in slot c % K; the sender writes chunk c only once the
-// receiver has credited chunk c - K back. Every credit flag is signalled once a call (when its
-// chunk was consumed) and waited for once a call (before chunk c + K is written, or, for the
-// last K chunks, at the end of the sender's kernel), so the counters stay monotonic as the
-// other flags'.
+// receiver has credited chunk c - K back. Only a chunk whose slot a later chunk of the call
+// reuses (c + K < chunks) is credited: its flag is signalled once a call (when the chunk was
+// consumed) and waited for once a call (before chunk c + K is written), so the counters stay
+// monotonic as the other flags'. The last K chunks send none and nobody waits for them: the
+// barrier or all-gather that starts the next call already orders their slots' reuse.
 #pragma once
 
 #include <cstdint>
@@ -14,12 +15,10 @@
 
 namespace hybrid_ep {
 
-// Whether credits flow in a call of `chunks` chunks: only when the ring holds fewer. With a
-// slot for every chunk nothing is reused within the call, and between calls the barrier or the
-// routing all-gather that starts every call orders the domains (docs/multi-domain.md), so the
-// call runs as before the rings: no credit sent, none waited for.
-__host__ __device__ __forceinline__ bool ring_credited(int ring_chunks, int chunks) {
-  return ring_chunks < chunks;
+// Whether the receiver credits chunk c back: only when chunk c + K of the same call will take its
+// slot (the chunks of a call are the same every call: T is the buffer's).
+__host__ __device__ __forceinline__ bool credit_flows(int ring_chunks, int chunks, int c) {
+  return c + ring_chunks < chunks;
 }
 
 // Row offset that, added to token t of chunk c, gives t's row in the ring slot of chunk c of
