@@ -103,13 +103,18 @@ def test_rings_hold_k_chunks_per_other_domain(world, ranks, ring, slots):
     assert plan["total"] == C.Runtime.bytes_for(rc)
 
 
-@pytest.mark.parametrize("nodes,slots", [(2, 64), (4, 24), (8, 10), (16, 4), (64, 1)])
-def test_default_ring_depth_keeps_a_ring_within_64_mib(nodes, slots):
-    """Unset, K is the deepest ring of whole chunks within 64 MiB of rows (hidden 7168, BF16,
-    64-token chunks: 896 KiB a slot), at least one slot, at most every chunk of T = 4096."""
+@pytest.mark.parametrize("nodes,slots", [(2, 64), (4, 64), (5, 64), (6, 14), (8, 10), (16, 4),
+                                         (64, 1)])
+def test_default_ring_depth(nodes, slots):
+    """Unset, K is every chunk of T = 4096 while that ring stays within 256 MiB of rows (hidden
+    7168, BF16, 64-token chunks: 896 KiB a slot), else the deepest ring of whole chunks within
+    64 MiB, at least one slot."""
     plan = _ring_plan(nodes * 8, 8, 7168, 4096, 64)
     assert plan["net_rows"] == (nodes - 1) * slots * 64 * 7168 * 2
-    assert plan["net_rows"] <= 64 * 2**20 or slots == 1
+    if slots == 64:
+        assert plan["net_rows"] <= 256 * 2**20
+    else:
+        assert plan["net_rows"] <= 64 * 2**20 or slots == 1
 
 
 def test_ring_depth_follows_the_environment(monkeypatch):

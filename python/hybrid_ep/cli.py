@@ -147,7 +147,8 @@ def main(argv=None) -> int:
                    help="partial sums between domains (default: HYBRID_EP_COMBINE_WIRE, else bf16)")
     m.add_argument("--net-ring-chunks", type=count_at_least(1), default=None,
                    help="chunk slots per other domain of the rings between domains (default: "
-                        "HYBRID_EP_NET_RING_CHUNKS, else the deepest ring within 64 MiB)")
+                        "HYBRID_EP_NET_RING_CHUNKS, else every chunk while the ring stays within "
+                        "256 MiB, else the deepest ring within 64 MiB)")
     m.add_argument("--json", help="also write the plan (region -> bytes) to this JSON file")
     m.set_defaults(func=_memory)
     args = parser.parse_args(argv)

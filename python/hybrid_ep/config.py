@@ -78,8 +78,8 @@ ENV_VARS = (
            "puts each token's probs on its own, as before the restripe (for comparison)"),
     EnvVar("HYBRID_EP_NET_RING_CHUNKS", "auto",
            "several domains: chunk slots per other domain of the rings the rows and partials "
-           "between domains land in (the receiver credits each consumed slot back); auto: the "
-           "deepest that keeps a ring within 64 MiB, 1 to every chunk"),
+           "between domains land in (the receiver credits each consumed slot back); auto: every "
+           "chunk while that ring stays within 256 MiB, else the deepest within 64 MiB, at least 1"),
     EnvVar("HYBRID_EP_FAULT", "off",
            "testing only, CUDA engine, several domains: withhold_dispatch_credits or "
            "withhold_combine_credits makes this rank's kernels never credit the ring slots of "

@@ -41,10 +41,13 @@ struct BufferShape {
   }
 };
 
-// Bytes of one region's ring that the default depth (HYBRID_EP_NET_RING_CHUNKS unset) stays
-// within: the deepest ring of whole chunks per other domain under it, at least one chunk and at
-// most every chunk (then no sender ever waits for a credit within a call). 2 domains at hidden
-// 7168 and 64-token chunks keep all 64 chunks of 4096 tokens; 64 domains get one slot per peer.
+// The default depth (HYBRID_EP_NET_RING_CHUNKS unset): every chunk while one region's ring of
+// every chunk stays within kNetFullRingBytes (no sender then waits for a credit within a call:
+// 4 x 2 combine 3643 -> 3466 us at K = 24 -> 64, benchmarks/results/2026-12-02-credits-tail.md),
+// else the deepest ring of whole chunks per other domain within kNetRingBudgetBytes, at least
+// one chunk. At hidden 7168, 64-token chunks and 4096 tokens: every chunk up to 5 domains, 10
+// at 8, 1 at 64.
+constexpr int64_t kNetFullRingBytes = int64_t(256) << 20;
 constexpr int64_t kNetRingBudgetBytes = int64_t(64) << 20;
 
 // K for `requested` chunk slots per other domain (0: the default above).
@@ -52,6 +55,7 @@ inline int64_t net_ring_chunks_for(int64_t requested, int64_t nodes, int64_t dis
                                    int64_t max_chunks, int64_t row_bytes) {
   if (requested > 0) return requested < max_chunks ? requested : max_chunks;
   const int64_t slot = (nodes > 1 ? nodes - 1 : 1) * dispatch_chunk * row_bytes;
+  if (slot * max_chunks <= kNetFullRingBytes) return max_chunks;
   const int64_t fits = kNetRingBudgetBytes / (slot > 0 ? slot : 1);
   return fits < 1 ? 1 : (fits < max_chunks ? fits : max_chunks);
 }
