@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side GPU benchmark of several source trees in one session: each tree is built with
-# CMake (p2p preset) next to the others and run from its own folder (PYTHONPATH), round after
-# round, interleaved, under one MPS daemon, so drift between runs hits every tree alike.
+# CMake (the product with the p2p preset, and the benchmark's extension) next to the others and
+# run from its own folder (PYTHONPATH), round after round, interleaved, under one MPS daemon, so
+# drift between runs hits every tree alike.
 #
 #   AB_TREES="base=.gpu-runs/base head=." AB_BENCH="--nodes 2 --channels 1 --iters 10 --warmup 2" \
 #     bash tools/gpu_ab.sh OUT_DIR [--rounds N] [--dry-run]
@@ -63,7 +64,14 @@ build() {  # label
   run cmake --preset p2p -DCMAKE_CUDA_ARCHITECTURES="${AB_ARCH:-90a}" \
     -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir 2>/dev/null)" > "$OUT/cmake-$1.log" 2>&1 &&
     run ninja -C "$dir/build/p2p" > "$OUT/ninja-$1.log" 2>&1 &&
-    run cp "$dir"/build/p2p/_C*.so "$dir/python/hybrid_ep/" && echo "built $1 at $SECONDS s" ||
+    run cp "$dir"/build/p2p/_C*.so "$dir/python/hybrid_ep/" &&
+    # The benchmark's own extension (copy ceiling, start gate): the profiler pass needs it.
+    run cmake -S "$dir/benchmarks" -B "$dir/build/bench" -G Ninja \
+      -DCMAKE_CUDA_ARCHITECTURES="${AB_ARCH:-90a}" \
+      -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir 2>/dev/null)" >> "$OUT/cmake-$1.log" 2>&1 &&
+    run ninja -C "$dir/build/bench" >> "$OUT/ninja-$1.log" 2>&1 &&
+    run cp "$dir"/build/bench/_C*.so "$dir/benchmarks/hybrid_ep_bench/" &&
+    echo "built $1 at $SECONDS s" ||
     { echo "BUILD FAILED: $1 (logs in $OUT)"; return 1; }
 }
 for label in "${LABELS[@]}"; do (cd "${FOLDER[$label]}" && build "$label") & done
