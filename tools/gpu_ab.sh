@@ -59,16 +59,17 @@ if [ "$DRY" = 0 ]; then
   python3 -m pip uninstall -y hybrid-ep hybrid-ep-bench >/dev/null 2>&1
 fi
 
+PYBIND11_DIR="$(python3 -m pybind11 --cmakedir 2>/dev/null)"
 build() {  # label
   local dir="${FOLDER[$1]}"
   run cmake --preset p2p -DCMAKE_CUDA_ARCHITECTURES="${AB_ARCH:-90a}" \
-    -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir 2>/dev/null)" > "$OUT/cmake-$1.log" 2>&1 &&
+    -Dpybind11_DIR="$PYBIND11_DIR" > "$OUT/cmake-$1.log" 2>&1 &&
     run ninja -C "$dir/build/p2p" > "$OUT/ninja-$1.log" 2>&1 &&
     run cp "$dir"/build/p2p/_C*.so "$dir/python/hybrid_ep/" &&
     # The benchmark's own extension (copy ceiling, start gate): the profiler pass needs it.
     run cmake -S "$dir/benchmarks" -B "$dir/build/bench" -G Ninja \
-      -DCMAKE_CUDA_ARCHITECTURES="${AB_ARCH:-90a}" \
-      -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir 2>/dev/null)" >> "$OUT/cmake-$1.log" 2>&1 &&
+      -DCMAKE_CUDA_ARCHITECTURES="${AB_ARCH:-90a}" -Dpybind11_DIR="$PYBIND11_DIR" \
+      >> "$OUT/cmake-$1.log" 2>&1 &&
     run ninja -C "$dir/build/bench" >> "$OUT/ninja-$1.log" 2>&1 &&
     run cp "$dir"/build/bench/_C*.so "$dir/benchmarks/hybrid_ep_bench/" &&
     echo "built $1 at $SECONDS s" ||

@@ -58,8 +58,7 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
         tables and the rings' slots (default: NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API, else 64).
       net_ring_chunks: chunk slots per other domain of the rings between domains, >= 1
         (default: HYBRID_EP_NET_RING_CHUNKS, else every chunk while the ring stays within 256 MiB,
-        else the deepest ring within 64 MiB); capped at the
-        chunks of max_num_of_tokens_per_rank.
+        else the deepest ring within 64 MiB); capped at the chunks of max_num_of_tokens_per_rank.
       max_num_of_tokens_for_experts: the receive cap, rows of the in-domain receive regions
         (dispatch_rows, dispatch_probs, dispatch_scales, combine_rows, combine_probs), at most
         world_size x max_num_of_tokens_per_rank (default: HybridEPBuffer's,

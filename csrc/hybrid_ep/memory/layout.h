@@ -56,8 +56,9 @@ inline int64_t net_ring_chunks_for(int64_t requested, int64_t nodes, int64_t dis
   if (requested > 0) return requested < max_chunks ? requested : max_chunks;
   const int64_t slot = (nodes > 1 ? nodes - 1 : 1) * dispatch_chunk * row_bytes;
   if (slot * max_chunks <= kNetFullRingBytes) return max_chunks;
-  const int64_t fits = kNetRingBudgetBytes / (slot > 0 ? slot : 1);
-  return fits < 1 ? 1 : (fits < max_chunks ? fits : max_chunks);
+  // Past the full ring's budget the smaller one holds under a quarter of the chunks.
+  const int64_t fits = kNetRingBudgetBytes / slot;
+  return fits < 1 ? 1 : fits;
 }
 
 // Where the rings between domains hold chunk c of the domain at index `other` among the other
