@@ -12,6 +12,7 @@ import hybrid_ep
 from hybrid_ep import cli, native
 from hybrid_ep.config import receive_rows
 from hybrid_ep.memory_plan import NETWORK_FLAGS, NETWORK_TILES, REGIONS, padding
+from hybrid_ep.zero_copy import pool_bytes
 
 TOPOLOGIES = [(1, 1), (2, 2), (4, 2), (8, 4), (16, 8)]
 GRID = list(itertools.product(TOPOLOGIES, (1024, 7168), (128, 4096), (1, 8), ("bf16", "fp32")))
@@ -28,6 +29,9 @@ def _runtime_bytes(world, ranks, hidden, tokens, experts, wire, chunk=64, cap=No
     rc.dispatch_chunk = chunk
     rc.combine_wire_fp32 = wire == "fp32"
     rc.max_received = receive_rows(world, tokens, cap)
+    # The CUDA engine's pool with the environment's defaults (zero-copy on, automatic size).
+    rc.zero_copy_pool_bytes = pool_bytes(True, world // ranks, None, rc.max_received, hidden,
+                                         experts, ranks)
     return C.Runtime.bytes_for(rc)
 
 
@@ -170,7 +174,8 @@ CAPS = [(1, 1, 16, None), (1, 1, 16, 1), (4, 2, 128, 100), (8, 4, 128, 128 * 8),
                          ids=[f"W{w}R{r}-T{t}-cap{c}" for w, r, t, c in CAPS])
 def test_receive_cap_sizes_the_receive_regions(world, ranks, tokens, cap):
     """max_num_of_tokens_for_experts sizes the five receive regions (at most W x T rows; None:
-    min(W, 64) x T), as the runtime lays them out, and nothing else."""
+    min(W, 64) x T), as the runtime lays them out, and, with one domain, the zero-copy pool
+    (a multiple of the dispatch outputs at the cap), nothing else."""
     hidden, experts = 1024, 4
     plan = hybrid_ep.memory_plan(world, ranks, hidden, tokens, experts, combine_wire="bf16",
                                  num_of_tokens_per_chunk_dispatch_api=64,
@@ -184,8 +189,27 @@ def test_receive_cap_sizes_the_receive_regions(world, ranks, tokens, cap):
     uncapped = hybrid_ep.memory_plan(world, ranks, hidden, tokens, experts, combine_wire="bf16",
                                      num_of_tokens_per_chunk_dispatch_api=64,
                                      max_num_of_tokens_for_experts=world * tokens)
-    assert {k: v for k, v in plan.items() if k not in (*RECEIVE_REGIONS, "total")} == {
-        k: v for k, v in uncapped.items() if k not in (*RECEIVE_REGIONS, "total")}
+    sized = (*RECEIVE_REGIONS, "zero_copy_pool", "total")
+    assert {k: v for k, v in plan.items() if k not in sized} == {
+        k: v for k, v in uncapped.items() if k not in sized}
+    assert plan["zero_copy_pool"] == pool_bytes(True, world // ranks, None, rows, hidden, experts,
+                                                ranks)
+
+
+def test_zero_copy_pool_in_the_plan(monkeypatch):
+    """The pool: none with several domains; the option, HYBRID_EP_ZERO_COPY_POOL_MB and
+    HYBRID_EP_ZERO_COPY size it with one, the runtime's layout agreeing."""
+    args = (8, 8, 1024, 128, 4)
+    assert hybrid_ep.memory_plan(16, 8, 1024, 128, 4)["zero_copy_pool"] == 0
+    plan = hybrid_ep.memory_plan(*args, zero_copy_pool_bytes=5 << 20)
+    assert plan["zero_copy_pool"] == 5 << 20
+    assert plan["total"] - hybrid_ep.memory_plan(*args, zero_copy_pool_bytes=0)["total"] == 5 << 20
+    monkeypatch.setenv("HYBRID_EP_ZERO_COPY_POOL_MB", "3")
+    assert hybrid_ep.memory_plan(*args)["zero_copy_pool"] == 3 << 20
+    monkeypatch.setenv("HYBRID_EP_ZERO_COPY", "0")
+    assert hybrid_ep.memory_plan(*args)["zero_copy_pool"] == 0
+    with pytest.raises(ValueError, match="zero_copy_pool_bytes=-1"):
+        hybrid_ep.memory_plan(*args, zero_copy_pool_bytes=-1)
 
 
 def test_receive_cap_target_config():

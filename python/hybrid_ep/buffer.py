@@ -30,6 +30,7 @@ from .topology import (
     detect_ranks_per_domain,
     local_facts,
 )
+from .zero_copy import CopyStats
 
 _BUFFER_IDS = itertools.count(1)
 DEFAULT_SMS_DISPATCH = 16
@@ -79,13 +80,17 @@ class HybridEPBuffer:
         facts = local_facts() | {"hidden_dim": hidden_dim, "max_tokens": max_tokens,
                                  "num_local_experts": experts,
                                  "max_num_of_tokens_for_experts": max_num_of_tokens_for_experts,
-                                 "net_ring_chunks": env.net_ring_chunks}
+                                 "net_ring_chunks": env.net_ring_chunks,
+                                 "zero_copy": env.zero_copy,
+                                 "zero_copy_pool_mb": env.zero_copy_pool_mb}
         everyone = self._rendezvous.gather(CONSTRUCTION, facts)
         self._call_agreed = True
-        # The ring depth and the receive cap shape every rank's layout, which the peers address
-        # by offset, and every rank computes its domain's drops.
+        # The ring depth, the zero-copy pool and the receive cap shape every rank's layout,
+        # which the peers address by offset, and every rank computes its domain's drops.
         for key, arg in (("hidden_dim", "hidden_dim"), ("num_local_experts", "num_local_experts"),
                          ("net_ring_chunks", "environment variable HYBRID_EP_NET_RING_CHUNKS"),
+                         ("zero_copy", "environment variable HYBRID_EP_ZERO_COPY"),
+                         ("zero_copy_pool_mb", "environment variable HYBRID_EP_ZERO_COPY_POOL_MB"),
                          ("max_num_of_tokens_for_experts", "max_num_of_tokens_for_experts")):
             values = [f[key] for f in everyone]
             if len(set(values)) != 1:
@@ -296,6 +301,45 @@ class HybridEPBuffer:
         buffer's new size); before a CUDA call allocates one, and on the reference engine,
         which registers nothing, ``hybrid_ep.memory_plan``'s total for the current config."""
         return _registered_bytes(self.config, self._env.combine_wire, self._cuda_engine)
+
+    def copy_stats(self, reset: bool = False) -> dict:
+        """What this rank's CUDA calls copied (docs/zero-copy.md): ``dispatch_zero_copy`` and
+        ``dispatch_copied`` count dispatches whose outputs the peers wrote in place and those
+        copied out of the registered buffer (``dispatch_bytes_copied``); ``combine_zero_copy``
+        and ``combine_staged`` count plain combines whose input was read in place and those
+        that staged it (``combine_bytes_staged``); ``pool_fallbacks`` counts calls that wanted
+        the zero-copy pool but found no room. Host counts, no synchronisation. Zeros on the
+        reference engine (it moves tensors with torch) and before the first CUDA call."""
+        engine = self._cuda_engine
+        if engine is None:
+            return CopyStats().as_dict()
+        stats = engine.zero_copy.stats.as_dict()
+        if reset:
+            engine.zero_copy.stats = CopyStats()
+        return stats
+
+    def empty_zero_copy(self, *size, dtype=torch.bfloat16, device=None) -> torch.Tensor:
+        """An uninitialised tensor of ``size`` in this rank's zero-copy pool, on this buffer's
+        GPU: a later ``combine`` given it (e.g. the expert outputs written into it) lets the
+        peers read it in place instead of staging it. An ordinary tensor: the pool block
+        returns when the tensor and its views are freed. Where the pool cannot serve it (no
+        room, counted in ``copy_stats``; several domains; HYBRID_EP_ZERO_COPY=0; before the
+        first CUDA call, which builds the pool; CUDA-graph capture) it is a plain
+        ``torch.empty`` on ``device`` (default: the buffer's GPU, else the current CUDA
+        device). Local: no peer takes part."""
+        if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+            size = tuple(size[0])
+        shape = tuple(v.require_int(f"size[{i}]", n, minimum=0) for i, n in enumerate(size))
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype: {dtype!r}; expected a torch.dtype")
+        engine = self._cuda_engine
+        on_engine = engine is not None and (device is None or torch.device(device) == engine.device)
+        tensor = engine.empty_zero_copy(shape, dtype) if on_engine else None
+        if tensor is not None:
+            return tensor
+        if device is None:
+            device = engine.device if engine is not None else torch.device("cuda")
+        return torch.empty(shape, dtype=dtype, device=device)
 
     # -- dispatch / combine ----------------------------------------------------------------------
     @collective("dispatch")

@@ -84,6 +84,14 @@ ENV_VARS = (
            "testing only, CUDA engine, several domains: withhold_dispatch_credits or "
            "withhold_combine_credits makes this rank's kernels never credit the ring slots of "
            "that op back, so the other domains' senders time out at the credit wait"),
+    EnvVar("HYBRID_EP_ZERO_COPY", "1",
+           "CUDA engine, one NVLink domain: dispatch outputs are blocks of a pool in the "
+           "registered buffer that the peers store into (no copy out), and a combine input in "
+           "that pool is read in place (no staging); 0: copy as before (docs/zero-copy.md)"),
+    EnvVar("HYBRID_EP_ZERO_COPY_POOL_MB", "auto",
+           "MiB of the zero-copy pool per rank (one domain only; registered with the buffer); "
+           "auto: 4 dispatches' outputs at the receive cap. A call the pool cannot hold copies "
+           "(counted in copy_stats, warned once)"),
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
@@ -237,6 +245,8 @@ class EnvSettings:
     prob_puts: str = "run"  # run or token
     net_ring_chunks: int = 0  # HYBRID_EP_NET_RING_CHUNKS; 0: automatic
     fault: str = "off"  # HYBRID_EP_FAULT (tests): off or FAULTS
+    zero_copy: bool = True  # HYBRID_EP_ZERO_COPY (docs/zero-copy.md)
+    zero_copy_pool_mb: int | None = None  # HYBRID_EP_ZERO_COPY_POOL_MB; None: automatic
 
 
     @staticmethod
@@ -268,6 +278,8 @@ class EnvSettings:
             prob_puts=env_choice("HYBRID_EP_PROB_PUTS", "run", ("run", "token")),
             net_ring_chunks=net_ring_chunks_from_env(),
             fault=env_choice("HYBRID_EP_FAULT", "off", ("off", *FAULTS)),
+            zero_copy=env_bool("HYBRID_EP_ZERO_COPY", True),
+            zero_copy_pool_mb=env_int("HYBRID_EP_ZERO_COPY_POOL_MB", None, 1, 1 << 30),
         )
 
 

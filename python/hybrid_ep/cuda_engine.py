@@ -24,6 +24,7 @@ from .layouts import DispatchLayout, PermuteLayout, ceil_div
 from .operations import Engine
 from .registered_views import RegisteredViews
 from .topology import Topology
+from .zero_copy import ZeroCopyPool, pool_bytes
 
 __all__ = ["CudaEngine", "HybridEPMismatchError", "HybridEPTimeoutError", "fused_blocks"]
 
@@ -75,6 +76,7 @@ class CudaEngine(Engine):
         self._counters_before = None  # counters of runtimes replaced by grow()
         self._transport = None  # transport_connect.Connection of the runtime
         self._views = RegisteredViews()  # tensors of get_combine_input_buffer
+        self.zero_copy = ZeroCopyPool(env.zero_copy)  # kept across grow(): its counts go on
         self._connect(config)
 
     # -- lifetime --------------------------------------------------------------------------------
@@ -89,6 +91,10 @@ class CudaEngine(Engine):
         rc.experts_per_rank = config.num_local_experts
         rc.max_tokens = config.max_num_of_tokens_per_rank
         rc.max_received = config.received_rows
+        rc.zero_copy_pool_bytes = pool_bytes(
+            self.env.zero_copy, self.topo.num_of_nodes, self.env.zero_copy_pool_mb,
+            config.received_rows, config.hidden_dim, config.num_local_experts,
+            self.topo.ranks_per_domain)
         rc.hidden = config.hidden_dim
         rc.dispatch_chunk = config.num_of_tokens_per_chunk_dispatch_api
         rc.combine_chunk = config.num_of_tokens_per_chunk_combine_api
@@ -145,12 +151,18 @@ class CudaEngine(Engine):
         runtime, self.runtime = self.runtime, None
         if runtime is None:
             return
-        # Decided together: a collectively freed buffer is freed by every rank or by none.
-        if any(self.rendezvous.gather("HybridEPBuffer (release)", self._views.of(runtime))):
+        # Decided together: a collectively freed buffer is freed by every rank or by none. Live
+        # zero-copy tensors keep their rank's buffer (it goes with the last of them).
+        pooled = runtime.pool_stats()["blocks"] > 0
+        held = self.rendezvous.gather("HybridEPBuffer (release)",
+                                      (self._views.of(runtime), pooled))
+        if any(views for views, _ in held):
             warnings.warn("HybridEPBuffer: a tensor from get_combine_input_buffer still views "
                           "the registered buffer being replaced or destroyed; its memory is "
                           "freed when the last such tensor is", RuntimeWarning, stacklevel=4)
             return  # each rank's runtime goes with the last tensor viewing it
+        if any(pooled for _, pooled in held):
+            return  # each rank's buffer goes with its last zero-copy tensor (PoolArena)
         runtime.release()
 
     def grow(self, config: HybridEPConfig) -> None:
@@ -319,6 +331,10 @@ class CudaEngine(Engine):
         if fused_permute is not None:
             return self._dispatch_permute(args, hidden, probs is not None, scale_cols, layout,
                                           fused_permute)
+        if not keep_in_buffer and self.zero_copy.usable(self.runtime):
+            outputs = self._dispatch_zero_copy(args, hidden, probs, scaling_factor, layout)
+            if outputs is not None:
+                return outputs
         # With the output's size known before the launch (a handle's), inside one domain, this
         # rank's rows from itself go straight into the output instead of through its buffer:
         # the copy out leaves them out (at one rank, all of it).
@@ -326,32 +342,46 @@ class CudaEngine(Engine):
                   and self.topo.num_of_nodes == 1)
         outputs = (self._dispatch_outputs(layout.num_dispatched_tokens, hidden, probs,
                                           scaling_factor) if direct else (None, None, None))
-        self.runtime.dispatch(*args, *(_ptr(t) for t in outputs), stream)
-        try:
-            if self._fresh_layout:
-                self._read_summary(layout)
-            self._fresh_layout = False
-            self._preprocessed = False
-            if keep_in_buffer:
-                staged = StagedRows(row_bytes, hidden.shape[1], hidden.dtype, scale_cols,
-                                    probs is not None)
-                return staged, None, None
-            rows = layout.num_dispatched_tokens
-            if not direct:
-                outputs = self._dispatch_outputs(rows, hidden, probs, scaling_factor)
-            written = layout.own_rows if direct else (0, 0)
-            self.runtime.copy_dispatched(*(_ptr(t) for t in outputs), rows, row_bytes,
-                                         scale_cols, *written, stream)
-        except BaseException:
-            self.release_received()
-            raise
+        self.runtime.dispatch(*args, *(_ptr(t) for t in outputs), 0, 0, 0, 0, stream)
+        if self._fresh_layout:
+            self._read_summary(layout)
+        self._fresh_layout = False
+        self._preprocessed = False
+        if keep_in_buffer:
+            staged = StagedRows(row_bytes, hidden.shape[1], hidden.dtype, scale_cols,
+                                probs is not None)
+            return staged, None, None
+        rows = layout.num_dispatched_tokens
+        if not direct:
+            outputs = self._dispatch_outputs(rows, hidden, probs, scaling_factor)
+        written = layout.own_rows if direct else (0, 0)
+        self.runtime.copy_dispatched(*(_ptr(t) for t in outputs), rows, row_bytes,
+                                     scale_cols, *written, stream)
+        if rows:
+            per_row = row_bytes + sum(t.shape[1] * 4 for t in outputs[1:] if t is not None)
+            self.zero_copy.copied_dispatch((rows - (written[1] - written[0])) * per_row)
         return outputs
 
-    def release_received(self) -> None:
-        """Lets the peers' next dispatch write into this rank's receive region although this
-        operation failed before reading it out (its copy-out or permute releases it otherwise):
-        they wait for that, and would time out."""
-        self.runtime.release_received_rows(self._stream())
+    def _dispatch_zero_copy(self, args, hidden, probs, scaling_factor, layout: DispatchLayout):
+        """The dispatch into outputs of the zero-copy pool, which the peers store into: no
+        copy out. The outputs are sized before the launch, so a blocking call with a fresh
+        layout takes its one synchronisation first. None when the pool has no room (or there
+        are no rows): the caller copies out as before."""
+        if self._fresh_layout:
+            self._fresh_layout = False
+            self._read_summary(layout)
+        rows = layout.num_dispatched_tokens
+        if rows == 0:
+            return None
+        outputs = self.zero_copy.dispatch_outputs(
+            self.runtime, self.device, rows, hidden.shape[1], hidden.dtype,
+            self.experts * self.topo.ranks_per_domain if probs is not None else None,
+            scaling_factor.shape[1] if scaling_factor is not None else None)
+        if outputs is None:
+            return None
+        self._preprocessed = False
+        self.runtime.dispatch(*args, 0, 0, 0, *(_ptr(t) for t in outputs), rows, self._stream())
+        return outputs
 
     def _dispatch_outputs(self, rows: int, hidden, probs, scaling_factor):
         out = torch.empty(rows, hidden.shape[1], dtype=hidden.dtype, device=self.device)
@@ -464,21 +494,23 @@ class CudaEngine(Engine):
         own = (layout.own_rows if (layout.own_rows is not None and not unpermute
                                    and self.topo.num_of_nodes == 1
                                    and hidden.data_ptr() % 16 == 0) else (0, 0))
-        self.runtime.combine(hidden.data_ptr(), _ptr(probs), probs is not None, hidden.shape[0],
-                             hidden.shape[1],
-                             layout.sparse_to_dense_map.data_ptr(),
-                             layout.rdma_to_attn_map.data_ptr(), layout.attn_to_rdma_map.data_ptr(),
-                             tokens, num_tokens, out.data_ptr(),
-                             _ptr(out_probs),
-                             dense_to_expert_map.data_ptr() if unpermute else 0,
-                             layout.num_dispatched_tokens_tensor.data_ptr() if unpermute else 0,
-                             2 * self._sms,
-                             layout.dense_chunk_layout.data_ptr() if fused else 0,
-                             self._fused_blocks(self.config.num_blocks_unpermute,
-                                                self.config.num_sms_combine_api,
-                                                "num_sms_combine_api") if fused else 0,
-                             *own, claimed, self._stream())
+        staged = self.runtime.combine(
+            hidden.data_ptr(), _ptr(probs), probs is not None, hidden.shape[0], hidden.shape[1],
+            layout.sparse_to_dense_map.data_ptr(), layout.rdma_to_attn_map.data_ptr(),
+            layout.attn_to_rdma_map.data_ptr(), tokens, num_tokens, out.data_ptr(),
+            _ptr(out_probs), dense_to_expert_map.data_ptr() if unpermute else 0,
+            layout.num_dispatched_tokens_tensor.data_ptr() if unpermute else 0, 2 * self._sms,
+            layout.dense_chunk_layout.data_ptr() if fused else 0,
+            self._fused_blocks(self.config.num_blocks_unpermute, self.config.num_sms_combine_api,
+                               "num_sms_combine_api") if fused else 0,
+            *own, claimed, self._stream())
+        if not unpermute and hidden.shape[0] > 0:
+            self.zero_copy.combined(staged)
         return out, out_probs
+
+    def empty_zero_copy(self, shape: tuple, dtype: torch.dtype):
+        """A tensor in the zero-copy pool (None when there is no room, or no pool)."""
+        return self.zero_copy.empty(self.runtime, self.device, shape, dtype)
 
     # -- permute / unpermute ---------------------------------------------------------------------
     def permute_plan(self, layout: DispatchLayout, pad_multiple: int,
@@ -518,13 +550,6 @@ class CudaEngine(Engine):
                              padded_tokens_per_expert=tokens_per_expert,
                              num_permuted_tokens=num_permuted_tokens, overflow=overflow,
                              row_source=row_source)
-
-    def permute_received(self, moved, layout, pad_multiple: int, num_permuted_tokens):
-        try:
-            return super().permute_received(moved, layout, pad_multiple, num_permuted_tokens)
-        except BaseException:
-            self.release_received()  # see release_received
-            raise
 
     def permute(self, rows: StagedRows, probs, scaling_factor, plan: PermuteLayout):
         """Gathers the staged rows into expert-major order (zero rows for padding)."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from . import native
 from . import validation as v
-from .config import env_choice, env_int, net_ring_chunks_from_env, receive_rows
+from .config import env_bool, env_choice, env_int, net_ring_chunks_from_env, receive_rows
 from .topology import check_ranks_per_domain
+from .zero_copy import pool_bytes
 
 # BufferLayout's regions (csrc/hybrid_ep/memory/layout.h) in the order they lie in the buffer;
 # the plan itself follows the binding's walk, so a region added there shows up in it (and the
@@ -15,7 +16,8 @@ REGIONS = ("routing", "staged_routing", "token_counts", "call_stamps", "barrier_
            "net_barrier_stamps", "dispatch_rows", "dispatch_probs", "dispatch_scales",
            "combine_rows", "combine_probs", "net_rows", "net_probs", "net_scales",
            "restriped_probs", "staged_rows", "staged_scales", "partials", "partial_probs",
-           "net_partials", "net_partial_probs", "barrier_flags", "forward_flags",
+           "net_partials", "net_partial_probs", "receive_targets", "zero_copy_pool",
+           "barrier_flags", "forward_flags",
            "dispatch_flags", "unpermute_flags", "network_flags", "combine_flags",
            "dispatch_credits", "combine_credits",
            "net_barrier_flags", "receive_releases")
@@ -28,7 +30,7 @@ NETWORK_TILES = ("staged_routing", "net_rows", "net_probs", "net_scales", "restr
 NETWORK_FLAGS = ("network_flags", "combine_flags", "dispatch_credits", "combine_credits",
                  "net_barrier_flags", "net_barrier_stamps")
 _OPTIONS = ("combine_wire", "num_of_tokens_per_chunk_dispatch_api", "net_ring_chunks",
-            "max_num_of_tokens_for_experts")
+            "max_num_of_tokens_for_experts", "zero_copy_pool_bytes")
 _WIRES = ("bf16", "fp32")
 # Past this a region's size would no longer fit the layout's 64-bit arithmetic.
 _MAX_DOMINANT_BYTES = 2**58
@@ -63,6 +65,9 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
         (dispatch_rows, dispatch_probs, dispatch_scales, combine_rows, combine_probs), at most
         world_size x max_num_of_tokens_per_rank (default: HybridEPBuffer's,
         min(world_size, 64) x max_num_of_tokens_per_rank).
+      zero_copy_pool_bytes: the zero-copy pool (docs/zero-copy.md), registered with one domain
+        only (default: none with HYBRID_EP_ZERO_COPY=0, HYBRID_EP_ZERO_COPY_POOL_MB when set,
+        else 4 dispatches' outputs at the receive cap).
 
     It reports what the layout needs at any size: the CUDA engine's limit of 64 ranks per
     group does not apply. Unknown options raise TypeError; a bad value raises ValueError (or
@@ -100,8 +105,16 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
         raise ValueError(f"world_size={world}, max_num_of_tokens_per_rank={tokens}, "
                          f"hidden_dim={hidden}, num_local_experts={experts}: too large for the "
                          "layout's 64-bit sizes; expected a smaller config")
+    received = receive_rows(world, tokens, cap)
+    pool = options.get("zero_copy_pool_bytes")
+    if pool is None:
+        pool = pool_bytes(env_bool("HYBRID_EP_ZERO_COPY", True), world // ranks,
+                          env_int("HYBRID_EP_ZERO_COPY_POOL_MB", None, 1, 1 << 30), received,
+                          hidden, experts, ranks)
+    pool = v.require_int("zero_copy_pool_bytes", pool, minimum=0)
     sizes = native.module().buffer_layout(world, ranks, experts, tokens, hidden, chunk,
-                                          wire == "fp32", ring, receive_rows(world, tokens, cap))
+                                          wire == "fp32", ring, received,
+                                          pool if world == ranks else 0)
     plan = {name: int(size) for name, size in sizes.items()
             if name not in ("total", "net_ring_chunks")}
     network = sum(plan[name] for name in NETWORK_TILES)

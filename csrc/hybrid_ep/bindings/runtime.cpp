@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "hybrid_ep/bindings/pool_tensor.h"
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/executor/executor.h"
 #include "hybrid_ep/runtime/runtime.h"
@@ -71,6 +72,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("experts_per_rank", &RuntimeConfig::experts_per_rank)
       .def_readwrite("max_tokens", &RuntimeConfig::max_tokens)
       .def_readwrite("max_received", &RuntimeConfig::max_received)
+      .def_readwrite("zero_copy_pool_bytes", &RuntimeConfig::zero_copy_pool_bytes)
       .def_readwrite("hidden", &RuntimeConfig::hidden)
       .def_readwrite("dispatch_chunk", &RuntimeConfig::dispatch_chunk)
       .def_readwrite("combine_chunk", &RuntimeConfig::combine_chunk)
@@ -90,8 +92,9 @@ void register_runtime(py::module_& m) {
       .def_readwrite("withhold_combine_credits", &RuntimeConfig::withhold_combine_credits)
       .def_readwrite("transport_options", &RuntimeConfig::transport_options);
 
-  py::class_<Runtime>(m, "Runtime")
-      .def(py::init<const RuntimeConfig&>(), py::call_guard<py::gil_scoped_release>())
+  py::class_<Runtime> runtime(m, "Runtime");
+  register_pool_tensor(m, runtime);
+  runtime.def(py::init<const RuntimeConfig&>(), py::call_guard<py::gil_scoped_release>())
       .def_static("bytes_for", &Runtime::registered_bytes,
                   "Bytes of the registered buffer a Runtime of this config allocates.")
       .def("release", &Runtime::release, py::call_guard<py::gil_scoped_release>(),
@@ -202,14 +205,23 @@ void register_runtime(py::module_& m) {
            [](Runtime& r, uintptr_t hidden, uintptr_t probs, uintptr_t scales, uintptr_t s2d,
               uintptr_t a2r, int handle_tokens, int num_tokens, int row_bytes, int scale_cols,
               bool barrier_first, uintptr_t own_rows, uintptr_t own_probs, uintptr_t own_scales,
+              uintptr_t zc_rows, uintptr_t zc_probs, uintptr_t zc_scales, int64_t zc_capacity,
               uintptr_t stream) {
-             run_dispatch(r,
-                          {ptr<const uint8_t>(hidden), ptr<const float>(probs),
-                           ptr<const float>(scales), ptr<const int32_t>(s2d), ptr<const bool>(a2r),
-                           handle_tokens, num_tokens, row_bytes, scale_cols, barrier_first,
-                           OwnDispatchRows{ptr<uint8_t>(own_rows), ptr<float>(own_probs),
-                                           ptr<float>(own_scales)}},
-                          stream_of(stream));
+             DispatchCall call{ptr<const uint8_t>(hidden),
+                               ptr<const float>(probs),
+                               ptr<const float>(scales),
+                               ptr<const int32_t>(s2d),
+                               ptr<const bool>(a2r),
+                               handle_tokens,
+                               num_tokens,
+                               row_bytes,
+                               scale_cols,
+                               barrier_first,
+                               OwnDispatchRows{ptr<uint8_t>(own_rows), ptr<float>(own_probs),
+                                               ptr<float>(own_scales)}};
+             call.zero_copy = {ptr<uint8_t>(zc_rows), ptr<float>(zc_probs), ptr<float>(zc_scales),
+                               zc_capacity};
+             run_dispatch(r, call, stream_of(stream));
            })
       .def("dispatch_permute",
            [](Runtime& r, uintptr_t hidden, uintptr_t probs, uintptr_t scales, uintptr_t s2d,
@@ -240,8 +252,6 @@ void register_runtime(py::module_& m) {
                               row_bytes, scale_cols, RowRange{written_begin, written_end}},
                              stream_of(stream));
            })
-      .def("release_received_rows",
-           [](Runtime& r, uintptr_t stream) { release_received_rows(r, stream_of(stream)); })
       .def("permute_layout",
            [](Runtime& r, uintptr_t lerm, int rows, int pad_multiple, int num_permuted,
               uintptr_t d2e, uintptr_t row_source, uintptr_t raw, uintptr_t tpe, uintptr_t overflow,
@@ -269,7 +279,7 @@ void register_runtime(py::module_& m) {
               uintptr_t num_dispatched, int unpermute_blocks, uintptr_t chunk_layout,
               int fused_unpermute_blocks, int own_begin, int own_end, bool claimed,
               uintptr_t stream) {
-             run_combine(
+             return run_combine(
                  r,
                  {ptr<const uint8_t>(hidden), ptr<const float>(probs), with_probs, num_rows,
                   hidden_size, ptr<const int32_t>(s2d), ptr<const bool>(r2a), ptr<const bool>(a2r),
@@ -282,8 +292,9 @@ void register_runtime(py::module_& m) {
       .def(
           "claim_combine_input",
           [](Runtime& r, uintptr_t stream) { claim_combine_input(r, stream_of(stream)); },
-          "The combine's first barrier, early: the peers are done with this rank's combine "
-          "region once the stream passes it.")
+          "With several domains the combine's first barrier, early: the peers are done with "
+          "this rank's combine region once the stream passes it (inside one domain the previous "
+          "combine's last barrier was that).")
       .def("registered_address",
            [](const Runtime& r) { return reinterpret_cast<uintptr_t>(r.registered()); });
 }

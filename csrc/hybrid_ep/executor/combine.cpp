@@ -25,39 +25,68 @@ UnpermuteParams unpermute_params(Runtime& runtime, const CombineCall& call) {
   return u;
 }
 
+// Which of the combine input's parts the peers pull where they are: rows already in the
+// combine region (written there by the caller), and inside one domain rows or probs in the
+// zero-copy pool.
+struct InPlace {
+  bool rows = false, probs = false;
+};
+
 // Copies this rank's combine input into its registered buffer: the rows as they are (but the
-// rows of its own tokens that the kernel reads in place, call.own), or (the unpermute path)
-// every dispatch row's fp32 sum of its expert outputs.
-// Rows already in the combine region (written there by the caller) are left as they are.
-void stage_rows(Runtime& runtime, const CombineCall& call, bool rows_in_place,
-                cudaStream_t stream) {
+// rows of its own tokens that the kernel reads in place, call.own, and what is `in_place`), or
+// (the unpermute path) every dispatch row's fp32 sum of its expert outputs. Returns the bytes
+// copied.
+size_t stage_rows(Runtime& runtime, const CombineCall& call, InPlace in_place,
+                  cudaStream_t stream) {
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
   uint8_t* base = runtime.registered();
   if (call.dense_to_expert_map != nullptr) {
     launch_unpermute(unpermute_params(runtime, call), call.unpermute_blocks, stream);
-    return;
+    return 0;
   }
-  if (call.num_rows == 0) return;
+  if (call.num_rows == 0) return 0;
   RowCopies copies;
-  if (!rows_in_place) {
+  const size_t staged_rows = size_t(call.num_rows - call.own.size());
+  size_t bytes = 0;
+  if (!in_place.rows) {
     copies.add_outside(base + l.combine_rows, call.hidden, size_t(call.hidden_size) * 2,
                        call.num_rows, call.own);
+    bytes += staged_rows * size_t(call.hidden_size) * 2;
   }
-  if (call.probs != nullptr) {
+  if (call.probs != nullptr && !in_place.probs) {
     copies.add_outside(base + l.combine_probs, call.probs, s.prob_cols() * sizeof(float),
                        call.num_rows, call.own);
+    bytes += staged_rows * s.prob_cols() * sizeof(float);
   }
   copies.launch(runtime, stream);
+  return bytes;
+}
+
+// Inside one domain: where the peers find this call's input rows and probs (offsets from the
+// registered base), read by their kernels after the barrier that follows the staging.
+void publish_combine_sources(Runtime& runtime, const CombineCall& call, InPlace in_place,
+                             cudaStream_t stream) {
+  const BufferLayout& l = runtime.layout();
+  uint8_t* base = runtime.registered();
+  ReceiveTargetWords w{};
+  w.count = ReceiveTargets::kCombineWords;
+  w.at[0] = in_place.rows && call.hidden != base + l.combine_rows ? uint64_t(call.hidden - base)
+                                                                  : l.combine_rows;
+  w.at[1] = in_place.probs ? uint64_t(reinterpret_cast<const uint8_t*>(call.probs) - base)
+                           : l.combine_probs;
+  launch_publish_targets(
+      reinterpret_cast<uint64_t*>(base + l.receive_targets) + ReceiveTargets::kCombineRows, w,
+      nullptr, stream);
 }
 
 }  // namespace
 
 void claim_combine_input(Runtime& runtime, cudaStream_t stream) {
-  launch_domain_barrier(runtime.barrier(), stream);
+  if (runtime.config().nodes > 1) launch_domain_barrier(runtime.barrier(), stream);
 }
 
-void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
+size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
   const int T = runtime.handle_tokens(call.handle_tokens);  // forwarded tokens are n * T + t
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
@@ -77,16 +106,34 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
         "combine: hidden is this rank's combine region, which only a plain combine right after "
         "claim_combine_input may read in place");
   }
-  // Peers may still be pulling from this rank's combine buffer (an earlier combine), unless
-  // claim_combine_input waited for them already.
-  if (!call.claimed) launch_domain_barrier(barrier, stream);
+  // With several domains peers may still be pulling from this rank's combine buffer (an
+  // earlier combine), unless claim_combine_input waited for them already. Inside one domain the
+  // earlier combine ended with that barrier: its peers may have pulled from the caller's own
+  // tensors (zero-copy), which the caller may reuse as soon as the call returns.
+  const bool one_domain = c.nodes == 1;
+  if (!one_domain && !call.claimed) launch_domain_barrier(barrier, stream);
   const bool fused = call.dense_to_expert_map != nullptr && call.fused_unpermute_blocks > 0;
+  InPlace in_place{rows_in_place, false};
+  const bool plain = call.dense_to_expert_map == nullptr;
+  if (one_domain && plain && runtime.pool() && call.num_rows > 0) {
+    const size_t rows = size_t(call.num_rows);
+    // The peers' bulk copies read 16-byte aligned rows.
+    in_place.rows |= reinterpret_cast<uintptr_t>(call.hidden) % 16 == 0 &&
+                     runtime.pool()->holds(call.hidden, rows * size_t(call.hidden_size) * 2);
+    in_place.probs = call.probs != nullptr &&
+                     runtime.pool()->holds(call.probs, rows * s.prob_cols() * sizeof(float));
+  }
+  size_t staged = 0;
   if (!fused) {
-    stage_rows(runtime, call, rows_in_place, stream);
-    // Every peer's rows are staged before anyone pulls.
+    // The fused path has no barrier after it to publish through: its rows are in the region.
+    if (one_domain) publish_combine_sources(runtime, call, in_place, stream);
+    staged = stage_rows(runtime, call, in_place, stream);
+    // Every peer's rows are staged (and its sources published) before anyone pulls.
     launch_domain_barrier(barrier, stream);
   }
   CombineParams p{};
+  p.published_sources = one_domain && !fused;
+  p.receive_targets = l.receive_targets;
   p.combine_blocks = c.sms_combine;
   p.first_unpermute_block = c.sms_combine;
   if (fused) {  // unpermute blocks in the combine grid; the loader waits per chunk instead
@@ -167,6 +214,9 @@ void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream)
   }
   p.stages = runtime.combine_stages(combine_stage_bytes(p));
   launch_combine(p, stream);
+  // Every peer has pulled from this rank's input before the caller may touch it again.
+  if (one_domain) launch_domain_barrier(barrier, stream);
+  return staged;
 }
 
 }  // namespace hybrid_ep

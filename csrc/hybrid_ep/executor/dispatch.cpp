@@ -1,5 +1,7 @@
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/executor/executor.h"
@@ -13,14 +15,67 @@ namespace hybrid_ep {
 constexpr int kFusedPermuteSlice = 16;
 static_assert(kFusedPermuteSlice <= 32, "a permute item's rows are found one per lane");
 
+namespace {
+
+// Offset of `bytes` at `address` from the registered base, checked to lie in one live block of
+// the zero-copy pool.
+uint64_t pool_offset(const Runtime& runtime, const void* address, size_t bytes, const char* what) {
+  if (!runtime.pool() || !runtime.pool()->holds(address, bytes)) {
+    throw std::invalid_argument(std::string("dispatch: zero-copy ") + what +
+                                " outside this buffer's zero-copy pool");
+  }
+  return uint64_t(static_cast<const uint8_t*>(address) - runtime.registered());
+}
+
+// Where this call's rows land in this rank's buffer (the peers read it after the release that
+// follows): its receive regions, or the zero-copy outputs.
+void publish_dispatch_targets(Runtime& runtime, const DispatchCall& call, cudaStream_t stream) {
+  const BufferLayout& l = runtime.layout();
+  using T = ReceiveTargets;
+  ReceiveTargetWords w{};
+  w.count = T::kDispatchWords;
+  const ZeroCopyOutputs& z = call.zero_copy;
+  if (z.rows != nullptr) {
+    const size_t rows = size_t(std::max<int64_t>(z.capacity, 0));
+    w.at[T::kDispatchRows] = pool_offset(runtime, z.rows, rows * call.row_bytes, "rows");
+    w.at[T::kDispatchProbs] =
+        z.probs == nullptr
+            ? l.dispatch_probs
+            : pool_offset(runtime, z.probs, rows * runtime.shape().prob_cols() * sizeof(float),
+                          "probs");
+    w.at[T::kDispatchScales] =
+        z.scales == nullptr
+            ? l.dispatch_scales
+            : pool_offset(runtime, z.scales, rows * call.scale_cols * sizeof(float), "scales");
+    w.at[T::kDispatchCapacity] = uint64_t(rows);
+  } else {
+    w.at[T::kDispatchRows] = l.dispatch_rows;
+    w.at[T::kDispatchProbs] = l.dispatch_probs;
+    w.at[T::kDispatchScales] = l.dispatch_scales;
+    w.at[T::kDispatchCapacity] = uint64_t(INT64_MAX);  // metadata keeps rows within the region
+  }
+  uint8_t* base = runtime.registered();
+  uint64_t* releases =
+      runtime.releases_receive() ? reinterpret_cast<uint64_t*>(base + l.receive_releases) : nullptr;
+  launch_publish_targets(reinterpret_cast<uint64_t*>(base + l.receive_targets), w, releases,
+                         stream);
+}
+
+}  // namespace
+
 void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream) {
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
-  if (call.barrier_first && !runtime.releases_receive()) {
-    launch_domain_barrier(runtime.barrier(), stream);
-  }
+  if (call.barrier_first && c.nodes > 1) launch_domain_barrier(runtime.barrier(), stream);
   DispatchParams p{};
+  if (c.nodes == 1) {
+    publish_dispatch_targets(runtime, call, stream);
+    p.published_targets = true;
+    p.receive_targets = l.receive_targets;
+  } else if (call.zero_copy.rows != nullptr) {
+    throw std::invalid_argument("dispatch: zero-copy outputs only inside one domain");
+  }
   p.domain = runtime.domain();
   p.transport = runtime.transport();
   p.channels = c.channels;
@@ -104,14 +159,6 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
                  f.out_probs,        f.out_scales};
   }
   launch_dispatch(p, stream);
-  if (call.permute != nullptr) release_received_rows(runtime, stream);  // permuted in the grid
-}
-
-void release_received_rows(Runtime& runtime, cudaStream_t stream) {
-  if (!runtime.releases_receive()) return;
-  launch_receive_release(
-      reinterpret_cast<uint64_t*>(runtime.registered() + runtime.layout().receive_releases),
-      stream);
 }
 
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream) {
@@ -129,7 +176,6 @@ void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t s
                        out.written);
   }
   copies.launch(runtime, stream);
-  release_received_rows(runtime, stream);
 }
 
 }  // namespace hybrid_ep

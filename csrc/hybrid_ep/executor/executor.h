@@ -37,6 +37,15 @@ struct PreprocessCall {
 // stream reaches this point.
 void run_preprocess(Runtime& runtime, const PreprocessCall& call, cudaStream_t stream);
 
+// A dispatch's outputs in the zero-copy pool: [capacity, row bytes] rows and their probs and
+// scales (either null when not dispatched); rows past `capacity` are not stored.
+struct ZeroCopyOutputs {
+  uint8_t* rows = nullptr;
+  float* probs = nullptr;
+  float* scales = nullptr;
+  int64_t capacity = 0;
+};
+
 struct DispatchCall {
   const uint8_t* hidden;  // [num_tokens, row_bytes]
   const float* probs;     // [num_tokens, E_total] or null
@@ -57,6 +66,9 @@ struct DispatchCall {
   // dispatch_with_permute fused (fuse_permute_dispatch): the expert-major outputs, written by
   // extra blocks of the dispatch grid; null for a plain dispatch.
   const struct FusedPermuteCall* permute = nullptr;
+  // Inside one domain, outputs in this rank's zero-copy pool that the peers store into
+  // directly (null rows: its registered receive regions, then copy_dispatched).
+  ZeroCopyOutputs zero_copy{};
 };
 
 struct FusedPermuteCall {
@@ -72,9 +84,10 @@ struct FusedPermuteCall {
   float* out_scales;  // [num_permuted, scale_cols] or null
 };
 
-// Rows land in the registered buffers of their destination ranks. Every dispatch ends with
-// release_received_rows after its last read of them: copy_dispatched, run_permute, or (fused
-// permute) run_dispatch itself.
+// Rows land in the registered buffers of their destination ranks, or inside one domain in
+// the zero-copy outputs each destination published. Inside one domain every dispatch starts by
+// publishing this rank's targets and releasing its receive region: its reads of the previous
+// dispatch's rows (copy_dispatched, run_permute, the fused permute) are behind in stream order.
 void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream);
 
 struct DispatchOutput {
@@ -87,11 +100,7 @@ struct DispatchOutput {
   RowRange written;  // rows the dispatch wrote into these tensors already (DispatchCall::own)
 };
 
-// The operation has read this rank's received rows (stream order): peers may overwrite them.
-void release_received_rows(Runtime& runtime, cudaStream_t stream);
-
-// Copies this rank's received rows out of the registered buffer into the caller's tensors,
-// then releases them to the peers' next dispatch.
+// Copies this rank's received rows out of the registered buffer into the caller's tensors.
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream);
 
 struct PermuteCall {
@@ -122,8 +131,7 @@ struct PermuteLayoutCall {
 // The permuted layout, computed on the device (no host synchronisation).
 void run_permute_layout(Runtime& runtime, const PermuteLayoutCall& call, cudaStream_t stream);
 
-// Gathers this rank's received rows (still in its registered buffer) into expert-major order,
-// then releases them to the peers' next dispatch.
+// Gathers this rank's received rows (still in its registered buffer) into expert-major order.
 void run_permute(Runtime& runtime, const PermuteCall& call, cudaStream_t stream);
 
 struct CombineCall {
@@ -163,12 +171,16 @@ struct CombineCall {
 // Barrier, stage this rank's rows into its registered buffer (a copy, or the fp32 unpermute
 // sums), barrier, pull-and-reduce kernel; with several domains the same kernel rounds each
 // domain's sums to the wire's width, puts each reduced chunk to its tokens' sources and adds
-// the domains' partials of this rank's own tokens as they arrive.
-void run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
+// the domains' partials of this rank's own tokens as they arrive. Inside one domain, rows and
+// probs that lie in the zero-copy pool are published instead of staged (peers pull them in
+// place), and the barrier that keeps the next writer off them comes after the kernel instead
+// of before the staging. Returns the bytes staged by copy.
+size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
 // The first step of a combine, taken early so that the caller may write its expert outputs
 // straight into this rank's combine region: waits (on the stream) until every peer has
-// finished pulling from it. The next run_combine must say `claimed`.
+// finished pulling from it (inside one domain the previous combine's last barrier did). The
+// next run_combine must say `claimed`.
 void claim_combine_input(Runtime& runtime, cudaStream_t stream);
 
 // Copies between the caller's tensors and the registered buffer (buffer_copies.cpp).

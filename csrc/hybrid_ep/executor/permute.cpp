@@ -38,7 +38,6 @@ void run_permute(Runtime& runtime, const PermuteCall& call, cudaStream_t stream)
   p.out_probs = call.out_probs;
   p.out_scales = call.out_scales;
   launch_permute(p, call.blocks, stream);
-  release_received_rows(runtime, stream);
 }
 
 }  // namespace hybrid_ep

@@ -6,8 +6,9 @@
 // With several domains a second warp does the same with the peer of every other domain
 // through the transport (their puts land in this rank's receive tiles).
 // Inside one domain a dispatch needs no barrier: its peers wait for this rank's release of its
-// receive region instead (receive_release_kernel), which it bumps as soon as it has read the
-// rows out, so that a rank whose host comes late to the next call does not hold the others.
+// receive region instead, which it bumps at the start of each dispatch (publish_targets_kernel)
+// right after writing where that dispatch's rows land (its registered regions, or the caller's
+// zero-copy outputs), stream-ordered after its reads of the previous dispatch's rows.
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
@@ -81,12 +82,17 @@ __global__ void domain_barrier_kernel(BarrierParams p) {
   if (threadIdx.x == 0) p.domain.settle();
 }
 
-__global__ void receive_release_kernel(uint64_t* releases) { signal_flag(releases); }
+__global__ void publish_targets_kernel(uint64_t* words, ReceiveTargetWords values,
+                                       uint64_t* releases) {
+  for (int k = 0; k < values.count; ++k) words[k] = values.at[k];
+  if (releases != nullptr) signal_flag(releases);  // fenced: the words are seen first
+}
 
 }  // namespace
 
-void launch_receive_release(uint64_t* releases, cudaStream_t stream) {
-  receive_release_kernel<<<1, 1, 0, stream>>>(releases);
+void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values, uint64_t* releases,
+                            cudaStream_t stream) {
+  publish_targets_kernel<<<1, 1, 0, stream>>>(words, values, releases);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -148,11 +148,12 @@ struct ProbSource {
   int rank, local;
 };
 
-__device__ __forceinline__ ProbSource prob_source(const CombineParams& p, int col, ProbsRow row) {
+__device__ __forceinline__ ProbSource prob_source(const CombineParams& p, const Smem& s, int col,
+                                                  ProbsRow row) {
   const int local = col - row.base;
   if (col >= row.width || local < 0 || local >= p.prob_cols) return {nullptr, 0, 0};
   const int j = local / p.experts_per_rank;
-  return {staged_probs(p, j), j, local};
+  return {s.prob_sources[j], j, local};
 }
 
 // The prob of a token from `from`, or 0 when the owning rank did not receive the token.
@@ -165,11 +166,12 @@ __device__ __forceinline__ float load_prob(const CombineParams& p, const ProbSou
 
 // The probs row `dst` of a token: each receiving rank's own E columns, zeros elsewhere.
 // `early_prob`: column `thread`'s, loaded before the wait.
-__device__ __forceinline__ void write_probs(const CombineParams& p, const int32_t* rows, float* dst,
-                                            float early_prob, int thread, int threads) {
+__device__ __forceinline__ void write_probs(const CombineParams& p, const Smem& s,
+                                            const int32_t* rows, float* dst, float early_prob,
+                                            int thread, int threads) {
   const ProbsRow row = probs_row(p);
   for (int col = thread; col < row.width; col += threads) {
-    dst[col] = col == thread ? early_prob : load_prob(p, prob_source(p, col, row), rows);
+    dst[col] = col == thread ? early_prob : load_prob(p, prob_source(p, s, col, row), rows);
   }
 }
 
@@ -278,10 +280,11 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
       if (pass == Pass::kFinal) {
         combine::write_final_probs(p, t, lane, 32);
       } else if (partial) {
-        write_probs(p, rows, target.probs + int64_t(t - target.first_token) * p.prob_cols,
+        write_probs(p, s, rows, target.probs + int64_t(t - target.first_token) * p.prob_cols,
                     early_prob, lane, 32);
       } else {
-        write_probs(p, rows, p.out_probs + int64_t(t) * probs_row(p).width, early_prob, lane, 32);
+        write_probs(p, s, rows, p.out_probs + int64_t(t) * probs_row(p).width, early_prob, lane,
+                    32);
       }
     }
     if (lane == 0 && by_tma) {
@@ -321,7 +324,7 @@ __device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWa
   const ChunkRoutes routes{s.reduce_rows, shape.width};
   // This lane's column of the probs row, found once: per token, the division and the peer
   // table's global load sat in the chain every warp ran before waiting for its copies (ncu).
-  const ProbSource lane_prob = prob_source(p, lane, probs_row(p));
+  const ProbSource lane_prob = prob_source(p, s, lane, probs_row(p));
   const int thread = warp * 32 + lane;
   WalkCursor at;
   const auto fetch = [&](HeldRoutes& held) {
@@ -373,6 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   const int warp = threadIdx.x / 32;
   for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) {
     s.sources[j] = staged_rows(p, j);
+    s.prob_sources[j] = staged_probs(p, j);
   }
   if (p.partial) {
     for (int n = threadIdx.x; n < p.domain.nodes; n += blockDim.x) {

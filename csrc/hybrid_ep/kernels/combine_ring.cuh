@@ -69,8 +69,8 @@ __host__ __device__ constexpr int run_count(int chunk) { return (chunk + 1) / 2;
 // partial sources and the network warps' runs.
 struct SmemParts {
   SmemPlan plan;
-  size_t sources = 0, partial_sources = 0, routes = 0, starts = 0, issued = 0, reduced = 0,
-         finals = 0, runs = 0;
+  size_t sources = 0, prob_sources = 0, partial_sources = 0, routes = 0, starts = 0, issued = 0,
+         reduced = 0, finals = 0, runs = 0;
 
   __host__ __device__ static SmemParts make(int stride, int stages, int ranks, int nodes,
                                             int chunk) {
@@ -78,6 +78,7 @@ struct SmemParts {
     const int width = network ? max(ranks, nodes) : ranks;
     SmemParts m{SmemPlan(stride, stages)};
     m.sources = m.plan.place<const uint8_t*>(ranks);
+    m.prob_sources = m.plan.place<const float*>(ranks);
     m.partial_sources = m.plan.place<const uint8_t*>(network ? nodes : 0);
     m.routes = m.plan.place<int32_t>(2 * size_t(chunk) * width);
     m.starts = m.plan.place<int32_t>(size_t(chunk) + 1);
@@ -99,6 +100,7 @@ struct Smem {
   // peer table in global memory instead, the loader lane's chain waited on that load for every
   // copy it issued, and the reduce warps waited for the loader (ncu, 2 ranks).
   const uint8_t** sources;
+  const float** prob_sources;  // [ranks]: the same for their staged probs (staged_probs)
   // [nodes] with several domains: where each domain's partials of this rank's tokens are.
   const uint8_t** partial_sources;
   int32_t* loader_rows;  // the roles' staged routes, [chunk, ring_width] each
@@ -122,6 +124,7 @@ __device__ __forceinline__ Smem carve(uint8_t* smem, const CombineParams& p) {
   Smem s;
   s.ring = Ring::carve(smem, m.plan);
   s.sources = reinterpret_cast<const uint8_t**>(smem + m.sources);
+  s.prob_sources = reinterpret_cast<const float**>(smem + m.prob_sources);
   s.partial_sources = reinterpret_cast<const uint8_t**>(smem + m.partial_sources);
   s.loader_rows = reinterpret_cast<int32_t*>(smem + m.routes);
   s.reduce_rows = s.loader_rows + p.chunk * ring_width(p);
@@ -134,15 +137,27 @@ __device__ __forceinline__ Smem carve(uint8_t* smem, const CombineParams& p) {
 }
 
 // Where local rank j's staged rows and probs are: its registered combine region, or inside one
-// domain for this rank itself the caller's input (CombineParams::own_rows).
+// domain wherever it published them (a zero-copy pool block) and for this rank itself the
+// caller's input (CombineParams::own_rows). Read once per block into shared memory.
 __device__ __forceinline__ const uint8_t* staged_rows(const CombineParams& p, int j) {
   if (j == p.domain.local_rank && p.own_rows != nullptr) return p.own_rows;
-  return p.domain.peer(j) + p.combine_rows;
+  const uint8_t* peer = p.domain.peer(j);
+  if (p.published_sources) {
+    return peer + reinterpret_cast<const volatile uint64_t*>(
+                      peer + p.receive_targets)[ReceiveTargets::kCombineRows];
+  }
+  return peer + p.combine_rows;
 }
 
 __device__ __forceinline__ const float* staged_probs(const CombineParams& p, int j) {
   if (j == p.domain.local_rank && p.own_rows != nullptr) return p.own_probs;
-  return reinterpret_cast<const float*>(p.domain.peer(j) + p.combine_probs);
+  const uint8_t* peer = p.domain.peer(j);
+  if (p.published_sources) {
+    return reinterpret_cast<const float*>(
+        peer + reinterpret_cast<const volatile uint64_t*>(
+                   peer + p.receive_targets)[ReceiveTargets::kCombineProbs]);
+  }
+  return reinterpret_cast<const float*>(peer + p.combine_probs);
 }
 
 // The two passes of the loader and the reduce warps over the ring. kReduce: every chunk of the

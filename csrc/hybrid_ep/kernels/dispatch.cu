@@ -80,20 +80,30 @@ struct StageLayout {
 };
 
 // Where rows for one local rank land: the regions of its registered buffer, or (this rank's
-// own rows, DispatchParams::own) the caller's outputs.
+// own rows, DispatchParams::own) the caller's outputs, or inside one domain wherever that rank
+// published (its zero-copy outputs); rows from `capacity` on have no room there.
 struct RowTargets {
   uint8_t* rows;
   uint8_t* probs;
   uint8_t* scales;
+  int64_t capacity;
 };
 
 __device__ __forceinline__ RowTargets row_targets(const DispatchParams& p, int j) {
+  constexpr int64_t kAll = INT64_MAX;  // the receive regions hold every row metadata kept
   if (j == p.domain.local_rank && p.own.rows != nullptr) {
     return {p.own.rows, reinterpret_cast<uint8_t*>(p.own.probs),
-            reinterpret_cast<uint8_t*>(p.own.scales)};
+            reinterpret_cast<uint8_t*>(p.own.scales), kAll};
   }
   uint8_t* peer = p.domain.peer(j);
-  return {peer + p.dispatch_rows, peer + p.dispatch_probs, peer + p.dispatch_scales};
+  if (p.published_targets) {
+    using T = ReceiveTargets;
+    const volatile uint64_t* w =
+        reinterpret_cast<const volatile uint64_t*>(peer + p.receive_targets);
+    return {peer + w[T::kDispatchRows], peer + w[T::kDispatchProbs], peer + w[T::kDispatchScales],
+            int64_t(w[T::kDispatchCapacity])};
+  }
+  return {peer + p.dispatch_rows, peer + p.dispatch_probs, peer + p.dispatch_scales, kAll};
 }
 
 __host__ __device__ constexpr int run_count(int chunk) { return (chunk + 1) / 2; }
@@ -356,8 +366,8 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
         s.ring.wait(at);
         at.advance(kStoreWarps, s.ring.stages);
         for (int j = 0; j < d.ranks; ++j) {
-          if (rows[j] < 0 || j == skip) continue;
           const RowTargets& to = s.targets[j];
+          if (rows[j] < 0 || j == skip || rows[j] >= to.capacity) continue;
           if (lane == 0) {
             ptx::bulk_store(to.rows + int64_t(rows[j]) * p.row_bytes, s.ring.stage(stage),
                             p.row_bytes);
@@ -471,15 +481,18 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   const Smem s = carve(smem, p);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  for (int j = threadIdx.x; j < p.domain.ranks; j += blockDim.x) s.targets[j] = row_targets(p, j);
   if (threadIdx.x == 0) {
     for (int i = 0; i < 4; ++i) s.chunk_arrivals[i] = 0;  // and credit_arrivals
     s.ring.init();
   }
   bool stuck = false;
-  // One warp checks that the receivers are free, before any warp takes its role.
-  if (p.wait_receivers && warp == 1) {
-    for (int j = lane; j < p.domain.ranks; j += 32) stuck |= !receiver_free(p, j);
+  // One warp checks that the receivers are free, before any warp takes its role, and then
+  // reads where each one's rows land (published before its release).
+  if (warp == 1) {
+    for (int j = lane; j < p.domain.ranks; j += 32) {
+      if (p.wait_receivers) stuck |= !receiver_free(p, j);
+      s.targets[j] = row_targets(p, j);
+    }
   }
   // A timed-out wait leaves the whole block out: its stores could land in rows still being read.
   if (__syncthreads_or(stuck)) return;

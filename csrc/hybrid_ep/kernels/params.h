@@ -138,6 +138,19 @@ struct OwnDispatchRows {
 
 // Forwarded tokens: with N domains the kernel forwards token i = n * T + t, token t of the peer
 // in domain n (its own tokens for n = node_rank), to the ranks of this domain.
+// The receive_targets region (uint64 words, offsets from the owner's registered base): where
+// this call's dispatch rows, probs and scales land and how many rows fit there; where its
+// combine input rows and probs are.
+struct ReceiveTargets {
+  static constexpr int kDispatchRows = 0, kDispatchProbs = 1, kDispatchScales = 2,
+                       kDispatchCapacity = 3, kCombineRows = 4, kCombineProbs = 5;
+  static constexpr int kDispatchWords = 4, kCombineWords = 2;
+};
+struct ReceiveTargetWords {
+  uint64_t at[4];
+  int count;
+};
+
 struct DispatchParams {
   DomainView domain;
   TransportContext transport;          // the network leg (domain.nodes > 1)
@@ -184,6 +197,11 @@ struct DispatchParams {
   // often as this rank has (uint64 at receive_releases in every rank's buffer).
   bool wait_receivers;
   size_t receive_releases;
+  // Inside one domain: each rank's rows land where its receive_targets region says (published
+  // by launch_publish_targets before its release), its registered regions or the zero-copy
+  // pool; else the regions above.
+  bool published_targets;
+  size_t receive_targets;
 };
 
 // Unpermute: dense row i < D (read on the device) is the fp32 sum, ascending expert, of the
@@ -268,6 +286,10 @@ struct CombineParams {
   // same row index) instead of its registered buffer, which then need not be staged.
   const uint8_t* own_rows;  // bf16 [D, H] or null
   const float* own_probs;   // [D, E*R] or null
+  // Inside one domain: each rank's staged rows and probs are where its receive_targets region
+  // says (its combine region, or a zero-copy pool block), published before the barrier.
+  bool published_sources;
+  size_t receive_targets;
 };
 
 // Permute: output row o of the expert-major layout gathers dispatch row i for expert e, where
@@ -362,9 +384,11 @@ int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
-// One more release of this rank's dispatch rows (`releases` in its own registered buffer), after
-// the operation's last read of them in stream order.
-void launch_receive_release(uint64_t* releases, cudaStream_t stream);
+// Writes `values` at `words` of this rank's own receive_targets region, then (non-null
+// `releases`) one more release of its receive region: every earlier read of it is behind in
+// stream order, and peers that wait for the release read the targets after it.
+void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values, uint64_t* releases,
+                            cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
 void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stream);
 void launch_restripe(const RestripeParams& p, cudaStream_t stream);

@@ -23,6 +23,9 @@ struct BufferShape {
   // token of every rank routed here). Rows past it are dropped or grown (docs/usage.md, "The
   // receive cap").
   int64_t max_received;
+  // Bytes of the zero-copy pool (docs/zero-copy.md): dispatch outputs and combine inputs that
+  // peers write and read in place. 0: none (several domains, or HYBRID_EP_ZERO_COPY=0).
+  int64_t zero_copy_pool_bytes;
 
   int64_t experts_total() const { return experts_per_rank * world; }
   int64_t prob_cols() const { return experts_per_rank * ranks; }  // one domain's columns
@@ -104,8 +107,12 @@ struct BufferLayout {
   size_t net_partials;       // ring [N-1, K, chunk, H]: partials of this rank's tokens from the
                              // other domains
   size_t net_partial_probs;  // fp32 ring
-  size_t barrier_flags;      // uint64 [R]: one per sending local rank (barrier, all-gather)
-  size_t forward_flags;      // uint64 [R]: the other domains' maps forwarded by local rank j
+  // ReceiveTargets (kernels/params.h): where this call's dispatch rows land in this rank's
+  // buffer and where its combine input lies, published before peers read them.
+  size_t receive_targets;
+  size_t zero_copy_pool;  // [zero_copy_pool_bytes]: blocks handed out as torch tensors
+  size_t barrier_flags;   // uint64 [R]: one per sending local rank (barrier, all-gather)
+  size_t forward_flags;   // uint64 [R]: the other domains' maps forwarded by local rank j
   // The flag tables (memory/flag_tables.h; flag_tables() below).
   size_t dispatch_flags;   // uint64 [R, N, max chunks]: (forwarding rank, domain, chunk)
   size_t unpermute_flags;  // uint64 [R, N, max chunks, kUnpermuteSlices]: fused unpermute
@@ -159,6 +166,8 @@ struct BufferLayout {
     visit("partial_probs", &BufferLayout::partial_probs, (own + ring) * prob_row);
     visit("net_partials", &BufferLayout::net_partials, ring * partial_row);
     visit("net_partial_probs", &BufferLayout::net_partial_probs, ring * prob_row);
+    visit("receive_targets", &BufferLayout::receive_targets, u64 * 8);
+    visit("zero_copy_pool", &BufferLayout::zero_copy_pool, size_t(s.zero_copy_pool_bytes));
     // The flags, from barrier_flags on, are zeroed together (flags_begin..flags_end).
     visit("barrier_flags", &BufferLayout::barrier_flags, flags.barrier.bytes());
     visit("forward_flags", &BufferLayout::forward_flags, flags.forward.bytes());

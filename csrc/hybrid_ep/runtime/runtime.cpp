@@ -42,7 +42,8 @@ BufferShape shape_of(const RuntimeConfig& config) {
                      config.combine_wire_fp32 ? 4 : 2,
                      net_ring_chunks_for(config.net_ring_chunks, config.nodes,
                                          config.dispatch_chunk, chunks, row_bytes),
-                     received};
+                     received,
+                     config.nodes == 1 ? config.zero_copy_pool_bytes : 0};
 }
 
 Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
@@ -65,6 +66,10 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   buffer_ = make_registered_buffer(setup, layout_.total,
                                    config_.fabric ? HandleKind::kFabric : HandleKind::kCudaIpc);
   setup.registered = buffer_.get();
+  if (shape_.zero_copy_pool_bytes > 0) {
+    pool_ = std::make_shared<PoolArena>(buffer_, buffer_->local() + layout_.zero_copy_pool,
+                                        size_t(shape_.zero_copy_pool_bytes));
+  }
   transport_ = std::make_unique<TransportHost>(setup);
   const size_t counters = layout_.flags_end - layout_.flags_begin;
   HYBRID_EP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&expected_), counters));
@@ -94,6 +99,7 @@ Runtime::~Runtime() {
   cudaDeviceSynchronize();
   // The transport uses the buffer (registrations, mappings): it goes first.
   transport_.reset();
+  pool_.reset();  // the buffer stays while blocks of its pool are alive
   buffer_.reset();
   cudaFree(expected_);
   cudaFree(dest_masks_);
@@ -108,7 +114,10 @@ void Runtime::release() {
   transport_.reset();
   transport_connected_ = false;
   connected_ = false;
-  if (buffer_) buffer_->release_collectively();
+  // With blocks of the pool still alive the buffer outlives this call (and a collectively
+  // freed one is then leaked, see SymmetricBuffer::release_collectively).
+  if (buffer_ && (!pool_ || pool_->stats().blocks == 0)) buffer_->release_collectively();
+  pool_.reset();
   buffer_.reset();
 }
 

@@ -15,6 +15,7 @@
 #include "hybrid_ep/common/status.h"
 #include "hybrid_ep/kernels/params.h"
 #include "hybrid_ep/memory/layout.h"
+#include "hybrid_ep/memory/pool_arena.h"
 #include "hybrid_ep/memory/symmetric_buffer.h"
 #include "hybrid_ep/transport/transport.h"
 
@@ -31,6 +32,8 @@ struct RuntimeConfig {
   // Rows of the in-domain receive regions (max_num_of_tokens_for_experts); 0, or more than
   // world * max_tokens: world * max_tokens, the worst case.
   int64_t max_received = 0;
+  // Bytes of the zero-copy pool inside the registered buffer; used with one domain only.
+  int64_t zero_copy_pool_bytes = 0;
   int hidden = 16;  // widest hidden the buffer holds (BF16 rows)
   int dispatch_chunk = 64;
   int combine_chunk = 64;
@@ -106,12 +109,16 @@ class Runtime {
   // The barrier between operations (with the peers of the other domains when there are some).
   BarrierParams barrier() const;
   // Inside one domain of several ranks a dispatch waits for each peer's release of its receive
-  // region (launch_receive_release after the last read) instead of a domain barrier. Alone a
-  // rank's stream orders everything; with several domains the barrier also guards the tiles.
+  // region (launch_publish_targets at the start of the peer's dispatch, after its reads of the
+  // previous one) instead of a domain barrier. Alone a rank's stream orders everything; with
+  // several domains the barrier also guards the tiles.
   bool releases_receive() const { return config_.nodes == 1 && config_.ranks > 1; }
   std::vector<ChannelCounters> transport_counters() const { return transport_->counters(); }
   void reset_transport_counters() { transport_->reset_counters(); }
   uint8_t* registered() const { return buffer_->local(); }
+  // The zero-copy pool inside the registered buffer (null when it has none); blocks handed out
+  // share its ownership of the buffer.
+  const std::shared_ptr<PoolArena>& pool() const { return pool_; }
   // This process's address of every local rank's registered buffer (its own included).
   const std::vector<uint8_t*>& peer_bases() const { return buffer_->peers(); }
   uint64_t* dest_masks() const { return dest_masks_; }
@@ -142,7 +149,8 @@ class Runtime {
   RuntimeConfig config_;
   BufferShape shape_;
   BufferLayout layout_;
-  std::unique_ptr<SymmetricBuffer> buffer_;
+  std::shared_ptr<SymmetricBuffer> buffer_;
+  std::shared_ptr<PoolArena> pool_;
   std::unique_ptr<TransportHost> transport_;
   TransportContext transport_context_{};
   TransportContext control_context_{};

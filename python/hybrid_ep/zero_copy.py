@@ -1,0 +1,136 @@
+"""Zero-copy dispatch outputs and combine inputs (docs/zero-copy.md).
+
+Inside one NVLink domain the CUDA engine's registered buffer holds a pool; a dispatch's outputs
+are carved out of one pool block, so every rank's stores land in them directly and nothing is
+copied out. The block comes back as an ordinary torch tensor (DLPack, whose deleter returns the
+block): its views are the rows, probs and scales, and the block lives as long as any of them.
+A combine whose input rows (and probs) lie in the pool is read there by the peers, so nothing
+is staged. When the pool cannot serve a call, the call copies as before: counted here, and
+warned about once per buffer.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, fields
+
+import torch
+
+# The pool's size when HYBRID_EP_ZERO_COPY_POOL_MB is unset: this many receive regions'
+# worth of dispatch outputs (rows, probs, scales at the buffer's receive cap), so that a step
+# that keeps a few calls' outputs alive at once (forward and backward of a layer) is served.
+DEFAULT_POOL_OUTPUTS = 4
+# Where the pieces of one block start: a multiple of the pool's own block alignment.
+_ALIGN = 512
+
+
+@dataclass
+class CopyStats:
+    """What ``HybridEPBuffer.copy_stats`` reports (all counts since the buffer was built)."""
+
+    dispatch_zero_copy: int = 0  # dispatches whose outputs the peers wrote in place
+    dispatch_copied: int = 0  # dispatches copied out of the registered buffer
+    dispatch_bytes_copied: int = 0
+    combine_zero_copy: int = 0  # combines whose input rows the peers read in place
+    combine_staged: int = 0  # combines that staged (copied) input into the registered buffer
+    combine_bytes_staged: int = 0
+    pool_fallbacks: int = 0  # calls that wanted the pool but found no room (then copied)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def pool_bytes(enabled: bool, nodes: int, pool_mb: int | None, received_rows: int,
+               hidden_dim: int, experts_per_rank: int, ranks_per_domain: int) -> int:
+    """Bytes of the zero-copy pool a buffer of this config registers: none with several
+    domains or zero-copy off; HYBRID_EP_ZERO_COPY_POOL_MB when set; else DEFAULT_POOL_OUTPUTS
+    times one dispatch's outputs at the receive cap (BF16 rows, probs and FP8 scales)."""
+    if not enabled or nodes > 1:
+        return 0
+    if pool_mb is not None:
+        return pool_mb << 20
+    per_row = 2 * hidden_dim + 4 * experts_per_rank * ranks_per_domain + 4 * (hidden_dim // 128)
+    return DEFAULT_POOL_OUTPUTS * (received_rows * per_row + 3 * _ALIGN)
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class ZeroCopyPool:
+    """The engine's side of the pool: carves outputs, keeps the counts, warns once."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.stats = CopyStats()
+        self._warned = False
+
+    def usable(self, runtime) -> bool:
+        """Whether calls may use the pool now: not while a CUDA graph is captured (a replay
+        would write into blocks freed since)."""
+        if not self.enabled or runtime.pool_stats()["bytes"] == 0:
+            return False
+        return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+    def dispatch_outputs(self, runtime, device: torch.device, rows: int, cols: int,
+                         dtype: torch.dtype, prob_cols: int | None, scale_cols: int | None):
+        """(rows, probs, scales) tensors in one pool block, or None when the pool cannot hold
+        them (counted, warned once)."""
+        row_bytes = cols * torch.empty((), dtype=dtype).element_size()
+        sizes = [rows * row_bytes, rows * 4 * (prob_cols or 0), rows * 4 * (scale_cols or 0)]
+        starts, total = [], 0
+        for size in sizes:
+            starts.append(total)
+            total += _aligned(size)
+        capsule = runtime.pool_block(total, device.index)
+        if capsule is None:
+            self.fell_back(runtime, total)
+            return None
+        block = torch.from_dlpack(capsule)
+        out = block[starts[0]:starts[0] + sizes[0]].view(dtype).view(rows, cols)
+        probs = scales = None
+        if prob_cols is not None:
+            probs = block[starts[1]:starts[1] + sizes[1]].view(torch.float32).view(rows, prob_cols)
+        if scale_cols is not None:
+            scales = block[starts[2]:starts[2] + sizes[2]].view(torch.float32).view(
+                rows, scale_cols)
+        self.stats.dispatch_zero_copy += 1
+        return out, probs, scales
+
+    def empty(self, runtime, device: torch.device, shape: tuple, dtype: torch.dtype):
+        """A tensor in the pool, or None when the pool cannot hold it (counted, warned once)."""
+        numel = 1
+        for n in shape:
+            numel *= n
+        size = numel * torch.empty((), dtype=dtype).element_size()
+        capsule = runtime.pool_block(size, device.index) if self.usable(runtime) else None
+        if capsule is None:
+            if self.usable(runtime):
+                self.fell_back(runtime, size)
+            return None
+        return torch.from_dlpack(capsule)[:size].view(dtype).view(shape)
+
+    def fell_back(self, runtime, wanted: int) -> None:
+        self.stats.pool_fallbacks += 1
+        if self._warned:
+            return
+        self._warned = True
+        s = runtime.pool_stats()
+        warnings.warn(
+            f"HybridEPBuffer: the zero-copy pool ({s['bytes'] / 2**20:.0f} MiB, "
+            f"{s['in_use'] / 2**20:.0f} MiB held by {s['blocks']} live tensors) has no room "
+            f"for {wanted / 2**20:.1f} MiB; this call and later ones like it copy instead "
+            "(copy_stats()['pool_fallbacks'] counts them). Free earlier outputs sooner or raise "
+            "HYBRID_EP_ZERO_COPY_POOL_MB. Warned once per buffer.", RuntimeWarning, stacklevel=5)
+
+    def copied_dispatch(self, bytes_copied: int) -> None:
+        self.stats.dispatch_copied += 1
+        self.stats.dispatch_bytes_copied += bytes_copied
+
+    def combined(self, staged_bytes: int) -> None:
+        """A plain combine with rows, which staged ``staged_bytes`` (0: read in place)."""
+        if staged_bytes == 0:
+            self.stats.combine_zero_copy += 1
+        else:
+            self.stats.combine_staged += 1
+            self.stats.combine_bytes_staged += staged_bytes

@@ -1,0 +1,54 @@
+"""Zero-copy on the CUDA engine (docs/zero-copy.md): dispatch outputs in the registered pool
+that the peers store into, combine inputs there read in place. Nothing copied in the steady
+state, outputs that keep their values across later calls, another stream, a second buffer
+and growth; a pool too small (or zero-copy off) copies, with the same results. The rest of
+the GPU suite runs with zero-copy on (the default); HYBRID_EP_ZERO_COPY=0 runs it copying."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_env import gpu_marks, placement_param
+from gpu_specs import growth_specs, make_spec, report
+
+pytestmark = gpu_marks
+MODULE = "gpu_zero_copy_cases"
+
+CASES = [
+    (1, {"H": 7168, "form": "topk", "k": 8, "E": 8, "tokens": [512]}),
+    (2, {"H": 2064, "form": "map", "k": 2, "max_tok": 300}),
+    (4, {"H": 4096, "form": "topk", "k": 2, "routing": "skew", "max_tok": 128}),
+    (8, {"H": 7168, "form": "topk", "k": 8, "E": 8, "tokens": "equal", "max_tok": 128}),
+]
+
+
+@pytest.mark.parametrize("W,placement,case", [placement_param(W, "shared", case)
+                                              for W, case in CASES])
+def test_zero_copy_steady(gpu_pools, record_property, W, placement, case):
+    spec = make_spec(W, tag="zero-copy", **case)
+    results = gpu_pools.run(W, placement, "steady", module=MODULE, spec=spec)
+    report(record_property, results, label=f"zero-copy steady W={W}", dispatches=8,
+           combines=5)
+
+
+@pytest.mark.parametrize("pool_mb,zero_copy", [("1", "1"), ("64", "0")],
+                         ids=["pool-too-small", "zero-copy-off"])
+@pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
+                                         placement_param(4, "shared")])
+def test_zero_copy_fallback(gpu_pools, record_property, W, placement, pool_mb, zero_copy):
+    spec = make_spec(W, H=7168, form="topk", k=2, tokens="equal", max_tok=256,
+                     tag="zero-copy-fallback")
+    results = gpu_pools.run(W, placement, "fallback", module=MODULE, spec=spec,
+                            pool_mb=pool_mb, zero_copy=zero_copy)
+    report(record_property, results, label=f"zero-copy fallback W={W}", dispatches=4,
+           combines=2)
+
+
+@pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),
+                                         placement_param(4, "shared")])
+def test_zero_copy_two_buffers_and_growth(gpu_pools, record_property, W, placement):
+    spec_a = make_spec(W, H=2048, form="map", k=2, max_tok=96, tag="zero-copy-a")
+    spec_small, spec_big, _ = growth_specs(W, 64, 300, tag="zero-copy")
+    results = gpu_pools.run(W, placement, "two_buffers_and_growth", module=MODULE,
+                            spec_a=spec_a, spec_small=spec_small, spec_big=spec_big)
+    report(record_property, results, label=f"zero-copy buffers W={W}", dispatches=7,
+           combines=3)
