@@ -22,7 +22,8 @@ WAIT_SITES = {"kBarrier": "domain barrier", "kAllgather": "routing all-gather",
               "kReceiveRelease": "release of the previous dispatch's rows",
               "kGatheredStamps": "routing all-gather (every rank's stamp)",
               "kDispatchCredit": "network dispatch ring credit",
-              "kCombineCredit": "network combine ring credit"}
+              "kCombineCredit": "network combine ring credit",
+              "kCombinePulled": "a peer's reads of this rank's previous combine input"}
 # Sites whose peer is a domain (its rank: the same local rank there); kGatheredStamps' is a
 # global rank.
 _NETWORK_SITES = ("kNetworkFlag", "kNetworkCombine", "kNetworkBarrier", "kNetworkAllgather",

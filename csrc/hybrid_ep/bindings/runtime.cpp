@@ -60,7 +60,8 @@ void register_runtime(py::module_& m) {
       .value("kReceiveRelease", WaitSite::kReceiveRelease)
       .value("kGatheredStamps", WaitSite::kGatheredStamps)
       .value("kDispatchCredit", WaitSite::kDispatchCredit)
-      .value("kCombineCredit", WaitSite::kCombineCredit);
+      .value("kCombineCredit", WaitSite::kCombineCredit)
+      .value("kCombinePulled", WaitSite::kCombinePulled);
 
   py::class_<RuntimeConfig>(m, "RuntimeConfig")
       .def(py::init<>())

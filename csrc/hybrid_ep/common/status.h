@@ -24,6 +24,7 @@ enum class WaitSite : int32_t {
   kGatheredStamps = 11,   // the stamps the routing all-gather brought (peer: a global rank)
   kDispatchCredit = 12,   // a ring slot of dispatch rows consumed by the peer of another domain
   kCombineCredit = 13,    // a ring slot of combine partials consumed by the peer of another domain
+  kCombinePulled = 14,    // a local rank still reading this rank's input of the previous combine
 };
 
 struct DeviceStatus {

@@ -83,7 +83,11 @@ void publish_combine_sources(Runtime& runtime, const CombineCall& call, InPlace 
 }  // namespace
 
 void claim_combine_input(Runtime& runtime, cudaStream_t stream) {
-  if (runtime.config().nodes > 1) launch_domain_barrier(runtime.barrier(), stream);
+  if (runtime.config().nodes > 1) {
+    launch_domain_barrier(runtime.barrier(), stream);
+  } else {
+    launch_wait_pulled(runtime.domain(), runtime.layout().combine_pulled, stream);
+  }
 }
 
 size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream) {
@@ -107,22 +111,30 @@ size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t strea
         "claim_combine_input may read in place");
   }
   // With several domains peers may still be pulling from this rank's combine buffer (an
-  // earlier combine), unless claim_combine_input waited for them already. Inside one domain the
-  // earlier combine ended with that barrier: its peers may have pulled from the caller's own
-  // tensors (zero-copy), which the caller may reuse as soon as the call returns.
+  // earlier combine), unless claim_combine_input waited for them already. Inside one domain
+  // each rank counts the combines it has pulled from each peer (combine_pulled): a rank waits
+  // until every peer has pulled its previous input before it republishes or restages, and a
+  // rank whose input the peers read in place from the zero-copy pool (the caller's own tensor,
+  // which it may reuse once the call returns) also waits after the kernel.
   const bool one_domain = c.nodes == 1;
   if (!one_domain && !call.claimed) launch_domain_barrier(barrier, stream);
   const bool fused = call.dense_to_expert_map != nullptr && call.fused_unpermute_blocks > 0;
   InPlace in_place{rows_in_place, false};
+  bool from_pool = false;  // some of the input is read in place from the caller's pool tensor
   const bool plain = call.dense_to_expert_map == nullptr;
   if (one_domain && plain && runtime.pool() && call.num_rows > 0) {
     const size_t rows = size_t(call.num_rows);
     // The peers' bulk copies read 16-byte aligned rows.
-    in_place.rows |= reinterpret_cast<uintptr_t>(call.hidden) % 16 == 0 &&
-                     runtime.pool()->holds(call.hidden, rows * size_t(call.hidden_size) * 2);
+    const bool pool_rows = reinterpret_cast<uintptr_t>(call.hidden) % 16 == 0 &&
+                           runtime.pool()->holds(call.hidden, rows * size_t(call.hidden_size) * 2);
+    in_place.rows |= pool_rows;
     in_place.probs = call.probs != nullptr &&
                      runtime.pool()->holds(call.probs, rows * s.prob_cols() * sizeof(float));
+    from_pool = pool_rows || in_place.probs;
   }
+  // Before this call republishes its sources or writes its region (claim_combine_input waited
+  // already): the peers' reads of the previous call's are done.
+  if (one_domain && !call.claimed) launch_wait_pulled(barrier.domain, l.combine_pulled, stream);
   size_t staged = 0;
   if (!fused) {
     // The fused path has no barrier after it to publish through: its rows are in the region.
@@ -214,8 +226,11 @@ size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t strea
   }
   p.stages = runtime.combine_stages(combine_stage_bytes(p));
   launch_combine(p, stream);
-  // Every peer has pulled from this rank's input before the caller may touch it again.
-  if (one_domain) launch_domain_barrier(barrier, stream);
+  if (one_domain) {
+    launch_signal_pulled(barrier.domain, l.combine_pulled, stream);
+    // Every peer has pulled from the caller's tensor before the caller may touch it again.
+    if (from_pool) launch_wait_pulled(barrier.domain, l.combine_pulled, stream);
+  }
   return staged;
 }
 

@@ -171,16 +171,16 @@ struct CombineCall {
 // Barrier, stage this rank's rows into its registered buffer (a copy, or the fp32 unpermute
 // sums), barrier, pull-and-reduce kernel; with several domains the same kernel rounds each
 // domain's sums to the wire's width, puts each reduced chunk to its tokens' sources and adds
-// the domains' partials of this rank's own tokens as they arrive. Inside one domain, rows and
-// probs that lie in the zero-copy pool are published instead of staged (peers pull them in
-// place), and the barrier that keeps the next writer off them comes after the kernel instead
-// of before the staging. Returns the bytes staged by copy.
+// the domains' partials of this rank's own tokens as they arrive. Inside one domain the first
+// barrier is a one-way wait for the peers' reads of this rank's previous input (combine_pulled),
+// rows and probs that lie in the zero-copy pool are published instead of staged (peers pull
+// them in place), and then the same wait follows the kernel. Returns the bytes staged by copy.
 size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
 // The first step of a combine, taken early so that the caller may write its expert outputs
 // straight into this rank's combine region: waits (on the stream) until every peer has
-// finished pulling from it (inside one domain the previous combine's last barrier did). The
-// next run_combine must say `claimed`.
+// finished pulling from it (inside one domain a one-way wait for their counts of it). The next
+// run_combine must say `claimed`.
 void claim_combine_input(Runtime& runtime, cudaStream_t stream);
 
 // Copies between the caller's tensors and the registered buffer (buffer_copies.cpp).

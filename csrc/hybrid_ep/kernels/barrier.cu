@@ -88,7 +88,36 @@ __global__ void publish_targets_kernel(uint64_t* words, ReceiveTargetWords value
   if (releases != nullptr) signal_flag(releases);  // fenced: the words are seen first
 }
 
+// Thread j: one more combine pulled from local rank j (this rank's own slot: its count).
+__global__ void signal_pulled_kernel(DomainView d, size_t combine_pulled) {
+  const int j = threadIdx.x;
+  if (j >= d.ranks || d.aborted()) return;
+  uint8_t* at = (j == d.local_rank ? d.self() : d.peer(j)) + combine_pulled;
+  signal_flag(reinterpret_cast<uint64_t*>(at) + d.local_rank);
+}
+
+// Thread j: local rank j has pulled from this rank's inputs as often as this rank combined.
+__global__ void wait_pulled_kernel(DomainView d, size_t combine_pulled) {
+  const int j = threadIdx.x;
+  if (j >= d.ranks || j == d.local_rank || d.aborted()) return;
+  const uint64_t* slots = reinterpret_cast<const uint64_t*>(d.self() + combine_pulled);
+  const uint64_t combined = *reinterpret_cast<const volatile uint64_t*>(slots + d.local_rank);
+  wait_until(slots + j, combined, d, WaitSite::kCombinePulled, j, 0);
+}
+
 }  // namespace
+
+void launch_signal_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream) {
+  if (d.ranks == 1) return;  // alone, the stream orders every reuse
+  signal_pulled_kernel<<<1, (d.ranks + 31) / 32 * 32, 0, stream>>>(d, combine_pulled);
+  HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_wait_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream) {
+  if (d.ranks == 1) return;
+  wait_pulled_kernel<<<1, (d.ranks + 31) / 32 * 32, 0, stream>>>(d, combine_pulled);
+  HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values, uint64_t* releases,
                             cudaStream_t stream) {

@@ -387,6 +387,12 @@ void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
 // Writes `values` at `words` of this rank's own receive_targets region, then (non-null
 // `releases`) one more release of its receive region: every earlier read of it is behind in
 // stream order, and peers that wait for the release read the targets after it.
+// Inside one domain, after a combine kernel: this rank is done pulling from every peer's input
+// (a count in each peer's combine_pulled, and its own slot counts its combines).
+void launch_signal_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream);
+// Waits until every peer has signalled as many combines as this rank has: none still reads
+// this rank's input of an earlier combine. Idempotent; times out like every wait.
+void launch_wait_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream);
 void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values, uint64_t* releases,
                             cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream);

@@ -110,6 +110,9 @@ struct BufferLayout {
   // ReceiveTargets (kernels/params.h): where this call's dispatch rows land in this rank's
   // buffer and where its combine input lies, published before peers read them.
   size_t receive_targets;
+  // uint64 [R]: combines local rank j has finished pulling from this rank (slot j; this rank's
+  // own slot: its combines), so that its input is reused only after every peer's reads.
+  size_t combine_pulled;
   size_t zero_copy_pool;  // [zero_copy_pool_bytes]: blocks handed out as torch tensors
   size_t barrier_flags;   // uint64 [R]: one per sending local rank (barrier, all-gather)
   size_t forward_flags;   // uint64 [R]: the other domains' maps forwarded by local rank j
@@ -167,6 +170,7 @@ struct BufferLayout {
     visit("net_partials", &BufferLayout::net_partials, ring * partial_row);
     visit("net_partial_probs", &BufferLayout::net_partial_probs, ring * prob_row);
     visit("receive_targets", &BufferLayout::receive_targets, u64 * 8);
+    visit("combine_pulled", &BufferLayout::combine_pulled, u64 * ranks);
     visit("zero_copy_pool", &BufferLayout::zero_copy_pool, size_t(s.zero_copy_pool_bytes));
     // The flags, from barrier_flags on, are zeroed together (flags_begin..flags_end).
     visit("barrier_flags", &BufferLayout::barrier_flags, flags.barrier.bytes());
