@@ -62,6 +62,7 @@ def _engine(runtime, fresh: bool = False, zero_copy: bool = True) -> CudaEngine:
     engine._fresh_layout = fresh
     engine._stream = lambda: 0
     engine.zero_copy = ZeroCopyPool(zero_copy)
+    engine.zero_copy.attach(runtime)
     return engine
 
 

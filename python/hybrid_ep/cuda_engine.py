@@ -119,6 +119,7 @@ class CudaEngine(Engine):
         self.config = config
         self.experts = config.num_local_experts
         self.runtime = C.Runtime(rc)
+        self.zero_copy.attach(self.runtime)
         everyone = self.rendezvous.gather(
             "HybridEPBuffer (CUDA engine set-up)",
             (self.runtime.export_handle(), _gpu_identity(self.device)))

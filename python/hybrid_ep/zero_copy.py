@@ -22,6 +22,7 @@ import torch
 DEFAULT_POOL_OUTPUTS = 4
 # Where the pieces of one block start: a multiple of the pool's own block alignment.
 _ALIGN = 512
+_CUDA = torch.cuda.is_available()
 
 
 @dataclass
@@ -64,19 +65,24 @@ class ZeroCopyPool:
         self.enabled = enabled
         self.stats = CopyStats()
         self._warned = False
+        self._pool_bytes = 0  # of the runtime attached last
+
+    def attach(self, runtime) -> None:
+        """The engine's (new) runtime, whose pool the next calls use."""
+        self._pool_bytes = int(runtime.pool_stats()["bytes"])
 
     def usable(self, runtime) -> bool:
         """Whether calls may use the pool now: not while a CUDA graph is captured (a replay
         would write into blocks freed since)."""
-        if not self.enabled or runtime.pool_stats()["bytes"] == 0:
+        if not self.enabled or self._pool_bytes == 0:
             return False
-        return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+        return not (_CUDA and torch.cuda.is_current_stream_capturing())
 
     def dispatch_outputs(self, runtime, device: torch.device, rows: int, cols: int,
                          dtype: torch.dtype, prob_cols: int | None, scale_cols: int | None):
         """(rows, probs, scales) tensors in one pool block, or None when the pool cannot hold
         them (counted, warned once)."""
-        row_bytes = cols * torch.empty((), dtype=dtype).element_size()
+        row_bytes = cols * dtype.itemsize
         sizes = [rows * row_bytes, rows * 4 * (prob_cols or 0), rows * 4 * (scale_cols or 0)]
         starts, total = [], 0
         for size in sizes:
@@ -86,14 +92,16 @@ class ZeroCopyPool:
         if capsule is None:
             self.fell_back(runtime, total)
             return None
+        # Views of the block by as_strided: a few microseconds less per call than slicing.
         block = torch.from_dlpack(capsule)
-        out = block[starts[0]:starts[0] + sizes[0]].view(dtype).view(rows, cols)
+        out = block.view(dtype).as_strided((rows, cols), (cols, 1), 0)
         probs = scales = None
-        if prob_cols is not None:
-            probs = block[starts[1]:starts[1] + sizes[1]].view(torch.float32).view(rows, prob_cols)
-        if scale_cols is not None:
-            scales = block[starts[2]:starts[2] + sizes[2]].view(torch.float32).view(
-                rows, scale_cols)
+        if prob_cols is not None or scale_cols is not None:
+            words = block.view(torch.float32)
+            if prob_cols is not None:
+                probs = words.as_strided((rows, prob_cols), (prob_cols, 1), starts[1] // 4)
+            if scale_cols is not None:
+                scales = words.as_strided((rows, scale_cols), (scale_cols, 1), starts[2] // 4)
         self.stats.dispatch_zero_copy += 1
         return out, probs, scales
 
@@ -102,7 +110,7 @@ class ZeroCopyPool:
         numel = 1
         for n in shape:
             numel *= n
-        size = numel * torch.empty((), dtype=dtype).element_size()
+        size = numel * dtype.itemsize
         capsule = runtime.pool_block(size, device.index) if self.usable(runtime) else None
         if capsule is None:
             if self.usable(runtime):
