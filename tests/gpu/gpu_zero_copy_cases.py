@@ -107,6 +107,10 @@ def steady(ctx, spec: dict) -> dict:
     y, yp, _, _ = combine_inputs(ctx, spec, n, "pooled")
     pooled = buf.empty_zero_copy(n, spec["H"], dtype=torch.bfloat16, device=ctx.dev)
     pooled.copy_(y)
+    if yp is not None:  # probs in the pool too: nothing staged at all
+        pooled_probs = buf.empty_zero_copy(*yp.shape, dtype=torch.float32, device=ctx.dev)
+        pooled_probs.copy_(yp)
+        yp = pooled_probs
     before = buf.copy_stats()["combine_zero_copy"]
     got = buf.combine(hidden=pooled, probs=yp, handle=first[3])
     if not DRY_RUN and n > 0:

@@ -27,8 +27,8 @@ uint64_t pool_offset(const Runtime& runtime, const void* address, size_t bytes, 
   return uint64_t(static_cast<const uint8_t*>(address) - runtime.registered());
 }
 
-// Where this call's rows land in this rank's buffer (the peers read it after the release that
-// follows): its receive regions, or the zero-copy outputs.
+// Where this call's rows land in this rank's buffer (its receive regions, or the zero-copy
+// outputs), then the release the peers wait for before they read it, then the wait for theirs.
 void publish_dispatch_targets(Runtime& runtime, const DispatchCall& call, cudaStream_t stream) {
   const BufferLayout& l = runtime.layout();
   using T = ReceiveTargets;
@@ -54,11 +54,7 @@ void publish_dispatch_targets(Runtime& runtime, const DispatchCall& call, cudaSt
     w.at[T::kDispatchScales] = l.dispatch_scales;
     w.at[T::kDispatchCapacity] = uint64_t(INT64_MAX);  // metadata keeps rows within the region
   }
-  uint8_t* base = runtime.registered();
-  uint64_t* releases =
-      runtime.releases_receive() ? reinterpret_cast<uint64_t*>(base + l.receive_releases) : nullptr;
-  launch_publish_targets(reinterpret_cast<uint64_t*>(base + l.receive_targets), w, releases,
-                         stream);
+  launch_publish_dispatch(runtime.domain(), l.receive_targets, w, l.receive_releases, stream);
 }
 
 }  // namespace

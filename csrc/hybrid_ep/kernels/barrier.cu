@@ -5,10 +5,11 @@
 // a call with the barrier and some with the all-gather meet and find the mismatch.
 // With several domains a second warp does the same with the peer of every other domain
 // through the transport (their puts land in this rank's receive tiles).
-// Inside one domain a dispatch needs no barrier: its peers wait for this rank's release of its
-// receive region instead, which it bumps at the start of each dispatch (publish_targets_kernel)
-// right after writing where that dispatch's rows land (its registered regions, or the caller's
-// zero-copy outputs), stream-ordered after its reads of the previous dispatch's rows.
+// Inside one domain a dispatch starts with publish_dispatch_kernel instead: each rank writes
+// where that dispatch's rows land (its registered regions, or the caller's zero-copy outputs)
+// and bumps its release of its receive region, stream-ordered after its reads of the previous
+// dispatch's rows, then waits for every peer's release of this call. After each combine the
+// ranks count their pulls from each other (signal_pulled_kernel, wait_pulled_kernel).
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
@@ -105,7 +106,36 @@ __global__ void wait_pulled_kernel(DomainView d, size_t combine_pulled) {
   wait_until(slots + j, combined, d, WaitSite::kCombinePulled, j, 0);
 }
 
+// Inside one domain, before a dispatch kernel: thread 0 writes where this call's rows land and
+// releases this rank's receive region; thread j then waits until local rank j has done the
+// same for this call. Waiting here, in one block, rather than in every dispatch block: on a
+// GPU that the domain's ranks share, spinning dispatch blocks of the early ranks filled the
+// SMs that the late ranks' publish needed (8 ranks x 32 fused blocks: every call timed out).
+__global__ void publish_dispatch_kernel(DomainView d, size_t targets, ReceiveTargetWords values,
+                                        size_t releases) {
+  if (d.aborted()) return;
+  __shared__ uint64_t released;
+  uint64_t* own = reinterpret_cast<uint64_t*>(d.self() + releases);
+  if (threadIdx.x == 0) {
+    uint64_t* words = reinterpret_cast<uint64_t*>(d.self() + targets);
+    for (int k = 0; k < values.count; ++k) words[k] = values.at[k];
+    signal_flag(own);  // fenced: the words are seen first
+    released = ptx::load_acquire_sys(own);
+  }
+  __syncthreads();
+  const int j = threadIdx.x;
+  if (d.ranks == 1 || j >= d.ranks || j == d.local_rank) return;
+  wait_until(reinterpret_cast<const uint64_t*>(d.peer(j) + releases), released, d,
+             WaitSite::kReceiveRelease, j, 0);
+}
+
 }  // namespace
+
+void launch_publish_dispatch(const DomainView& d, size_t targets, const ReceiveTargetWords& values,
+                             size_t releases, cudaStream_t stream) {
+  publish_dispatch_kernel<<<1, (d.ranks + 31) / 32 * 32, 0, stream>>>(d, targets, values, releases);
+  HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_signal_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream) {
   if (d.ranks == 1) return;  // alone, the stream orders every reuse

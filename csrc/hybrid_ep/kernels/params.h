@@ -393,6 +393,11 @@ void launch_signal_pulled(const DomainView& d, size_t combine_pulled, cudaStream
 // Waits until every peer has signalled as many combines as this rank has: none still reads
 // this rank's input of an earlier combine. Idempotent; times out like every wait.
 void launch_wait_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream);
+// Inside one domain, before a dispatch kernel: writes `values` at `targets` of this rank's own
+// buffer, one more release at `releases` (its reads of the previous dispatch's rows are behind
+// in stream order), then waits until every peer has released as often.
+void launch_publish_dispatch(const DomainView& d, size_t targets, const ReceiveTargetWords& values,
+                             size_t releases, cudaStream_t stream);
 void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values, uint64_t* releases,
                             cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
