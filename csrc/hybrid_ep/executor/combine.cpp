@@ -77,7 +77,7 @@ void publish_combine_sources(Runtime& runtime, const CombineCall& call, InPlace 
                            : l.combine_probs;
   launch_publish_targets(
       reinterpret_cast<uint64_t*>(base + l.receive_targets) + ReceiveTargets::kCombineRows, w,
-      nullptr, stream);
+      stream);
 }
 
 }  // namespace

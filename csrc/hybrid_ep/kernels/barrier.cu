@@ -84,10 +84,9 @@ __global__ void domain_barrier_kernel(BarrierParams p) {
   if (threadIdx.x == 0) p.domain.settle();
 }
 
-__global__ void publish_targets_kernel(uint64_t* words, ReceiveTargetWords values,
-                                       uint64_t* releases) {
+// The combine's sources: the barrier that follows publishes them.
+__global__ void publish_targets_kernel(uint64_t* words, ReceiveTargetWords values) {
   for (int k = 0; k < values.count; ++k) words[k] = values.at[k];
-  if (releases != nullptr) signal_flag(releases);  // fenced: the words are seen first
 }
 
 // Thread j: one more combine pulled from local rank j (this rank's own slot: its count).
@@ -150,9 +149,9 @@ void launch_wait_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values, uint64_t* releases,
+void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values,
                             cudaStream_t stream) {
-  publish_targets_kernel<<<1, 1, 0, stream>>>(words, values, releases);
+  publish_targets_kernel<<<1, 1, 0, stream>>>(words, values);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 

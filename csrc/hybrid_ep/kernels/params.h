@@ -198,7 +198,7 @@ struct DispatchParams {
   bool wait_receivers;
   size_t receive_releases;
   // Inside one domain: each rank's rows land where its receive_targets region says (published
-  // by launch_publish_targets before its release), its registered regions or the zero-copy
+  // by launch_publish_dispatch before its release), its registered regions or the zero-copy
   // pool; else the regions above.
   bool published_targets;
   size_t receive_targets;
@@ -384,9 +384,6 @@ int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
-// Writes `values` at `words` of this rank's own receive_targets region, then (non-null
-// `releases`) one more release of its receive region: every earlier read of it is behind in
-// stream order, and peers that wait for the release read the targets after it.
 // Inside one domain, after a combine kernel: this rank is done pulling from every peer's input
 // (a count in each peer's combine_pulled, and its own slot counts its combines).
 void launch_signal_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream);
@@ -398,8 +395,9 @@ void launch_wait_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t
 // in stream order), then waits until every peer has released as often.
 void launch_publish_dispatch(const DomainView& d, size_t targets, const ReceiveTargetWords& values,
                              size_t releases, cudaStream_t stream);
-void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values, uint64_t* releases,
-                            cudaStream_t stream);
+// Writes `values` at `words` of this rank's own receive_targets region (the combine's sources;
+// a barrier follows before any peer reads them).
+void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values, cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
 void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stream);
 void launch_restripe(const RestripeParams& p, cudaStream_t stream);

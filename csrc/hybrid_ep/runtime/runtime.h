@@ -109,7 +109,7 @@ class Runtime {
   // The barrier between operations (with the peers of the other domains when there are some).
   BarrierParams barrier() const;
   // Inside one domain of several ranks a dispatch waits for each peer's release of its receive
-  // region (launch_publish_targets at the start of the peer's dispatch, after its reads of the
+  // region (launch_publish_dispatch at the start of the peer's dispatch, after its reads of the
   // previous one) instead of a domain barrier. Alone a rank's stream orders everything; with
   // several domains the barrier also guards the tiles.
   bool releases_receive() const { return config_.nodes == 1 && config_.ranks > 1; }
