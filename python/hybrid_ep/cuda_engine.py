@@ -22,7 +22,7 @@ from .engines import RECEIVED, NeedsGrowth
 from .errors import HybridEPMismatchError, HybridEPTimeoutError
 from .layouts import DispatchLayout, PermuteLayout, ceil_div
 from .operations import Engine
-from .registered_views import RegisteredViews
+from .registered_views import RegisteredViews, check_combine_input
 from .topology import Topology
 from .zero_copy import ZeroCopyPool, pool_bytes
 
@@ -438,29 +438,6 @@ class CudaEngine(Engine):
             self._claimed = True
         return self._views.rows(self.runtime, self._combine_region[0], rows, cols, self.device)
 
-    def _rows_in_place(self, hidden: torch.Tensor, claimed: bool, unpermute: bool) -> bool:
-        """Whether ``hidden`` is this rank's combine region (get_combine_input_buffer's
-        tensor), which the combine then reads without copying; refuses other overlaps."""
-        address, size = self._combine_region
-        begin = hidden.data_ptr()
-        # The address first, the row count after: a rank without rows must refuse a stale
-        # tensor as its peers do, or they would wait for it.
-        if begin != address:
-            if hidden.numel() and begin < address + size and begin + 2 * hidden.numel() > address:
-                raise ValueError("hidden: part of the tensor get_combine_input_buffer returned; "
-                                 "pass that tensor whole, or expert outputs in a tensor of your "
-                                 "own")
-            return False
-        if unpermute:
-            raise ValueError("hidden: the tensor get_combine_input_buffer returned, which "
-                             "combine_with_unpermute overwrites with its sums; pass the permuted "
-                             "expert outputs in a tensor of your own")
-        if not claimed:
-            raise ValueError("hidden: the tensor get_combine_input_buffer returned serves one "
-                             "combine, which has run; call get_combine_input_buffer(handle) "
-                             "again (on every rank) before writing the next expert outputs")
-        return True
-
     def _fused_blocks(self, requested: int | None, kernel_sms: int, what: str) -> int:
         blocks = fused_blocks(requested, self._sms, kernel_sms, self._ranks_on_gpu,
                               mps_share=self._mps_share)
@@ -481,7 +458,7 @@ class CudaEngine(Engine):
         self._row_bytes(hidden)
         unpermute = dense_to_expert_map is not None
         claimed = self._claimed
-        self._rows_in_place(hidden, claimed, unpermute)
+        check_combine_input(self._combine_region, hidden, claimed, unpermute)
         self._claimed = False
         self._fresh_layout = False
         self._preprocessed = False

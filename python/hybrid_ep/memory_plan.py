@@ -114,8 +114,7 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
                           hidden, experts, ranks)
     pool = v.require_int("zero_copy_pool_bytes", pool, minimum=0)
     sizes = native.module().buffer_layout(world, ranks, experts, tokens, hidden, chunk,
-                                          wire == "fp32", ring, received,
-                                          pool if world == ranks else 0)
+                                          wire == "fp32", ring, received, pool)
     plan = {name: int(size) for name, size in sizes.items()
             if name not in ("total", "net_ring_chunks")}
     network = sum(plan[name] for name in NETWORK_TILES)

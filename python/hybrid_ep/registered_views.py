@@ -41,3 +41,29 @@ class RegisteredViews:
     def of(self, runtime) -> bool:
         """Whether a tensor still views ``runtime``'s memory."""
         return any(region.runtime is runtime for region in self._alive)
+
+
+def check_combine_input(region: tuple[int, int], hidden: torch.Tensor, claimed: bool,
+                        unpermute: bool) -> bool:
+    """Whether ``hidden`` is the combine region (address, bytes) itself, i.e.
+    get_combine_input_buffer's tensor, which the combine then reads without copying; refuses
+    other overlaps, that tensor in combine_with_unpermute and a stale claim."""
+    address, size = region
+    begin = hidden.data_ptr()
+    # The address first, the row count after: a rank without rows must refuse a stale
+    # tensor as its peers do, or they would wait for it.
+    if begin != address:
+        if hidden.numel() and begin < address + size and begin + 2 * hidden.numel() > address:
+            raise ValueError("hidden: part of the tensor get_combine_input_buffer returned; "
+                             "pass that tensor whole, or expert outputs in a tensor of your "
+                             "own")
+        return False
+    if unpermute:
+        raise ValueError("hidden: the tensor get_combine_input_buffer returned, which "
+                         "combine_with_unpermute overwrites with its sums; pass the permuted "
+                         "expert outputs in a tensor of your own")
+    if not claimed:
+        raise ValueError("hidden: the tensor get_combine_input_buffer returned serves one "
+                         "combine, which has run; call get_combine_input_buffer(handle) "
+                         "again (on every rank) before writing the next expert outputs")
+    return True

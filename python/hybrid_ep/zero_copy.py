@@ -111,10 +111,11 @@ class ZeroCopyPool:
         for n in shape:
             numel *= n
         size = numel * dtype.itemsize
-        capsule = runtime.pool_block(size, device.index) if self.usable(runtime) else None
+        if not self.usable(runtime):
+            return None
+        capsule = runtime.pool_block(size, device.index)
         if capsule is None:
-            if self.usable(runtime):
-                self.fell_back(runtime, size)
+            self.fell_back(runtime, size)
             return None
         return torch.from_dlpack(capsule)[:size].view(dtype).view(shape)
 

@@ -6,6 +6,7 @@ the GPU suite runs with zero-copy on (the default); HYBRID_EP_ZERO_COPY=0 runs i
 
 from __future__ import annotations
 
+import gpu_env
 import pytest
 from gpu_env import gpu_marks, placement_param
 from gpu_specs import growth_specs, make_spec, report
@@ -28,6 +29,10 @@ def test_zero_copy_steady(gpu_pools, record_property, W, placement, case):
     results = gpu_pools.run(W, placement, "steady", module=MODULE, spec=spec)
     report(record_property, results, label=f"zero-copy steady W={W}", dispatches=8,
            combines=5)
+    if not gpu_env.DRY_RUN:  # the reference engine copies nothing and counts nothing
+        assert sum(r["dispatch_zero_copy"] for r in results) > 0, results
+        for rank, r in enumerate(results):
+            assert r["dispatch_bytes_copied"] == 0 and r["combine_bytes_staged"] == 0, (rank, r)
 
 
 @pytest.mark.parametrize("pool_mb,zero_copy", [("1", "1"), ("64", "0")],
@@ -41,6 +46,9 @@ def test_zero_copy_fallback(gpu_pools, record_property, W, placement, pool_mb, z
                             pool_mb=pool_mb, zero_copy=zero_copy)
     report(record_property, results, label=f"zero-copy fallback W={W}", dispatches=4,
            combines=2)
+    if not gpu_env.DRY_RUN and zero_copy == "1":  # every rank has tokens (tokens="equal")
+        for rank, r in enumerate(results):
+            assert r["fallbacks"] > 0 and r["warned"] == 1, (rank, r)
 
 
 @pytest.mark.parametrize("W,placement", [placement_param(2, "shared"),

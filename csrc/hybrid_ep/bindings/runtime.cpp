@@ -293,9 +293,9 @@ void register_runtime(py::module_& m) {
       .def(
           "claim_combine_input",
           [](Runtime& r, uintptr_t stream) { claim_combine_input(r, stream_of(stream)); },
-          "With several domains the combine's first barrier, early: the peers are done with "
-          "this rank's combine region once the stream passes it (inside one domain the previous "
-          "combine's last barrier was that).")
+          "The combine's first wait, early: the peers are done with this rank's combine region "
+          "once the stream passes it (with several domains a barrier, inside one domain the "
+          "wait for their pulls of the previous input).")
       .def("registered_address",
            [](const Runtime& r) { return reinterpret_cast<uintptr_t>(r.registered()); });
 }

@@ -6,10 +6,10 @@
 // With several domains a second warp does the same with the peer of every other domain
 // through the transport (their puts land in this rank's receive tiles).
 // Inside one domain a dispatch starts with receive_publish_kernel instead (named so that no
-// profile filter for "dispatch_kernel" counts it): each rank writes
-// where that dispatch's rows land (its registered regions, or the caller's zero-copy outputs)
-// and bumps its release of its receive region, stream-ordered after its reads of the previous
-// dispatch's rows, then waits for every peer's release of this call. After each combine the
+// profile filter for "dispatch_kernel" counts it): each rank writes where that dispatch's rows
+// land (its registered regions, or the caller's zero-copy outputs) and bumps its release of its
+// receive region, stream-ordered after its reads of the previous dispatch's rows, then waits
+// for every peer's release of this call. After each combine the
 // ranks count their pulls from each other (signal_pulled_kernel, wait_pulled_kernel).
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/flags.cuh"
