@@ -22,7 +22,7 @@ from .engines import RECEIVED, NeedsGrowth
 from .errors import HybridEPMismatchError, HybridEPTimeoutError
 from .layouts import DispatchLayout, PermuteLayout, ceil_div
 from .operations import Engine
-from .registered_views import RegisteredViews, check_combine_input
+from .registered_views import RegisteredViews, is_combine_region
 from .topology import Topology
 from .zero_copy import ZeroCopyPool, pool_bytes
 
@@ -458,7 +458,7 @@ class CudaEngine(Engine):
         self._row_bytes(hidden)
         unpermute = dense_to_expert_map is not None
         claimed = self._claimed
-        check_combine_input(self._combine_region, hidden, claimed, unpermute)
+        is_combine_region(self._combine_region, hidden, claimed, unpermute)
         self._claimed = False
         self._fresh_layout = False
         self._preprocessed = False

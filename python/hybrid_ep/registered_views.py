@@ -43,7 +43,7 @@ class RegisteredViews:
         return any(region.runtime is runtime for region in self._alive)
 
 
-def check_combine_input(region: tuple[int, int], hidden: torch.Tensor, claimed: bool,
+def is_combine_region(region: tuple[int, int], hidden: torch.Tensor, claimed: bool,
                         unpermute: bool) -> bool:
     """Whether ``hidden`` is the combine region (address, bytes) itself, i.e.
     get_combine_input_buffer's tensor, which the combine then reads without copying; refuses
