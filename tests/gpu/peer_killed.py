@@ -4,8 +4,9 @@
 
 Both ranks share GPU 0, make a buffer and one checked-free dispatch/combine; then rank 1 dies
 (os._exit(9)) in its next dispatch after the routing all-gather, before its dispatch kernel.
-Rank 0's dispatch kernel waits for rank 1's chunks until HYBRID_EP_TIMEOUT_S, and its next
-call raises HybridEPTimeoutError: it prints RAISED and the message, and exits 0.
+Rank 0's dispatch waits for rank 1 (its publish at the dispatch's start inside one domain, its
+chunks across domains) until HYBRID_EP_TIMEOUT_S, and its next call raises
+HybridEPTimeoutError: it prints RAISED and the message, and exits 0.
 """
 
 from __future__ import annotations

@@ -101,12 +101,13 @@ def _port() -> str:
 
 @pytest.mark.gpu_last
 @pytest.mark.skipif(DRY_RUN, reason="kills a process with CUDA work in flight")
-@pytest.mark.parametrize("layout,site", [("1x2", "dispatch chunk flag"),
+@pytest.mark.parametrize("layout,site", [("1x2", "start of this dispatch"),
                                          ("2x1", "network dispatch chunk")])
 def test_peer_killed_mid_call(layout, site):
     """Rank 1 dies after the routing all-gather of a dispatch, before its dispatch kernel:
-    rank 0's dispatch kernel gives up waiting for rank 1's chunks and its next call raises
-    HybridEPTimeoutError naming the dispatch, the wait and rank 1 (gpu/peer_killed.py)."""
+    rank 0's dispatch gives up waiting for rank 1 (inside one domain at the dispatch's start,
+    where each rank publishes its targets; across domains for its chunks) and its next call
+    raises HybridEPTimeoutError naming the dispatch, the wait and rank 1 (gpu/peer_killed.py)."""
     script = Path(__file__).with_name("peer_killed.py")
     port = _port()
     env = dict(os.environ, OMP_NUM_THREADS="1", HYBRID_EP_TIMEOUT_S=str(LIMIT_S))

@@ -20,7 +20,7 @@ enum class WaitSite : int32_t {
   kNetworkAllgather = 7,  // the routing map from the peer of another domain
   kForward = 8,           // the other domains' maps forwarded by a local rank
   kUnpermuteChunk = 9,    // a chunk unpermuted by a local rank (fused combine_with_unpermute)
-  kReceiveRelease = 10,   // a local rank still reading the previous dispatch's rows
+  kReceiveRelease = 10,   // a local rank not yet at this dispatch (targets, release)
   kGatheredStamps = 11,   // the stamps the routing all-gather brought (peer: a global rank)
   kDispatchCredit = 12,   // a ring slot of dispatch rows consumed by the peer of another domain
   kCombineCredit = 13,    // a ring slot of combine partials consumed by the peer of another domain

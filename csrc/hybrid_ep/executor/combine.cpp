@@ -32,41 +32,50 @@ struct InPlace {
   bool rows = false, probs = false;
 };
 
-// Copies this rank's combine input into its registered buffer: the rows as they are (but the
-// rows of its own tokens that the kernel reads in place, call.own, and what is `in_place`), or
-// (the unpermute path) every dispatch row's fp32 sum of its expert outputs. Returns the bytes
-// copied.
-size_t stage_rows(Runtime& runtime, const CombineCall& call, InPlace in_place,
-                  cudaStream_t stream) {
-  const BufferLayout& l = runtime.layout();
-  const BufferShape& s = runtime.shape();
-  uint8_t* base = runtime.registered();
-  if (call.dense_to_expert_map != nullptr) {
-    launch_unpermute(unpermute_params(runtime, call), call.unpermute_blocks, stream);
-    return 0;
+// The copy of this rank's combine input into its registered buffer: the rows as they are (but
+// the rows of its own tokens that the kernel reads in place, call.own, and what is `in_place`),
+// or (the unpermute path) every dispatch row's fp32 sum of its expert outputs.
+class Staging {
+ public:
+  Staging(Runtime& runtime, const CombineCall& call, InPlace in_place) : call_(call) {
+    unpermute_ = call.dense_to_expert_map != nullptr;
+    if (unpermute_ || call.num_rows == 0) return;
+    const BufferLayout& l = runtime.layout();
+    const BufferShape& s = runtime.shape();
+    uint8_t* base = runtime.registered();
+    const size_t staged_rows = size_t(call.num_rows - call.own.size());
+    if (!in_place.rows) {
+      copies_.add_outside(base + l.combine_rows, call.hidden, size_t(call.hidden_size) * 2,
+                          call.num_rows, call.own);
+      bytes_ += staged_rows * size_t(call.hidden_size) * 2;
+    }
+    if (call.probs != nullptr && !in_place.probs) {
+      copies_.add_outside(base + l.combine_probs, call.probs, s.prob_cols() * sizeof(float),
+                          call.num_rows, call.own);
+      bytes_ += staged_rows * s.prob_cols() * sizeof(float);
+    }
   }
-  if (call.num_rows == 0) return 0;
-  RowCopies copies;
-  const size_t staged_rows = size_t(call.num_rows - call.own.size());
-  size_t bytes = 0;
-  if (!in_place.rows) {
-    copies.add_outside(base + l.combine_rows, call.hidden, size_t(call.hidden_size) * 2,
-                       call.num_rows, call.own);
-    bytes += staged_rows * size_t(call.hidden_size) * 2;
+  // Whether launch() writes this rank's combine region.
+  bool writes() const { return unpermute_ || bytes_ > 0; }
+  size_t bytes() const { return bytes_; }  // copied (the unpermute's sums are not counted)
+  void launch(Runtime& runtime, cudaStream_t stream) const {
+    if (unpermute_) {
+      launch_unpermute(unpermute_params(runtime, call_), call_.unpermute_blocks, stream);
+    } else {
+      copies_.launch(runtime, stream);
+    }
   }
-  if (call.probs != nullptr && !in_place.probs) {
-    copies.add_outside(base + l.combine_probs, call.probs, s.prob_cols() * sizeof(float),
-                       call.num_rows, call.own);
-    bytes += staged_rows * s.prob_cols() * sizeof(float);
-  }
-  copies.launch(runtime, stream);
-  return bytes;
-}
+
+ private:
+  const CombineCall& call_;
+  bool unpermute_ = false;
+  RowCopies copies_;
+  size_t bytes_ = 0;
+};
 
 // Inside one domain: where the peers find this call's input rows and probs (offsets from the
 // registered base), read by their kernels after the barrier that follows the staging.
-void publish_combine_sources(Runtime& runtime, const CombineCall& call, InPlace in_place,
-                             cudaStream_t stream) {
+ReceiveTargetWords combine_sources(Runtime& runtime, const CombineCall& call, InPlace in_place) {
   const BufferLayout& l = runtime.layout();
   uint8_t* base = runtime.registered();
   ReceiveTargetWords w{};
@@ -75,9 +84,7 @@ void publish_combine_sources(Runtime& runtime, const CombineCall& call, InPlace 
                                                                   : l.combine_rows;
   w.at[1] = in_place.probs ? uint64_t(reinterpret_cast<const uint8_t*>(call.probs) - base)
                            : l.combine_probs;
-  launch_publish_targets(
-      reinterpret_cast<uint64_t*>(base + l.receive_targets) + ReceiveTargets::kCombineRows, w,
-      stream);
+  return w;
 }
 
 }  // namespace
@@ -117,12 +124,15 @@ size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t strea
   // rank whose input the peers read in place from the zero-copy pool (the caller's own tensor,
   // which it may reuse once the call returns) also waits after the kernel.
   const bool one_domain = c.nodes == 1;
+  // Alone the kernel reads its input where it is (call.own) or from the combine region: there
+  // are no peers to publish sources to, and the stream orders every reuse.
+  const bool publishes = one_domain && barrier.domain.ranks > 1;
   if (!one_domain && !call.claimed) launch_domain_barrier(barrier, stream);
   const bool fused = call.dense_to_expert_map != nullptr && call.fused_unpermute_blocks > 0;
   InPlace in_place{rows_in_place, false};
   bool from_pool = false;  // some of the input is read in place from the caller's pool tensor
   const bool plain = call.dense_to_expert_map == nullptr;
-  if (one_domain && plain && runtime.pool() && call.num_rows > 0) {
+  if (publishes && plain && runtime.pool() && call.num_rows > 0) {
     const size_t rows = size_t(call.num_rows);
     // The peers' bulk copies read 16-byte aligned rows.
     const bool pool_rows = reinterpret_cast<uintptr_t>(call.hidden) % 16 == 0 &&
@@ -134,17 +144,32 @@ size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t strea
   }
   // Before this call republishes its sources or writes its region (claim_combine_input waited
   // already): the peers' reads of the previous call's are done.
-  if (one_domain && !call.claimed) launch_wait_pulled(barrier.domain, l.combine_pulled, stream);
+  const bool wait_first = one_domain && !call.claimed;
   size_t staged = 0;
-  if (!fused) {
+  if (fused) {
     // The fused path has no barrier after it to publish through: its rows are in the region.
-    if (one_domain) publish_combine_sources(runtime, call, in_place, stream);
-    staged = stage_rows(runtime, call, in_place, stream);
+    if (wait_first) launch_wait_pulled(barrier.domain, l.combine_pulled, stream);
+  } else {
+    const Staging staging(runtime, call, in_place);
+    staged = staging.bytes();
+    // A staging copy writes the region: the wait goes before it, else into the start kernel.
+    if (wait_first && staging.writes()) {
+      launch_wait_pulled(barrier.domain, l.combine_pulled, stream);
+    }
+    staging.launch(runtime, stream);
     // Every peer's rows are staged (and its sources published) before anyone pulls.
-    launch_domain_barrier(barrier, stream);
+    if (publishes) {
+      uint8_t* base = runtime.registered();
+      launch_combine_start(
+          barrier, l.combine_pulled, wait_first && !staging.writes(),
+          reinterpret_cast<uint64_t*>(base + l.receive_targets) + ReceiveTargets::kCombineRows,
+          combine_sources(runtime, call, in_place), stream);
+    } else {
+      launch_domain_barrier(barrier, stream);
+    }
   }
   CombineParams p{};
-  p.published_sources = one_domain && !fused;
+  p.published_sources = publishes && !fused;
   p.receive_targets = l.receive_targets;
   p.combine_blocks = c.sms_combine;
   p.first_unpermute_block = c.sms_combine;
@@ -226,11 +251,8 @@ size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t strea
   }
   p.stages = runtime.combine_stages(combine_stage_bytes(p));
   launch_combine(p, stream);
-  if (one_domain) {
-    launch_signal_pulled(barrier.domain, l.combine_pulled, stream);
-    // Every peer has pulled from the caller's tensor before the caller may touch it again.
-    if (from_pool) launch_wait_pulled(barrier.domain, l.combine_pulled, stream);
-  }
+  // Every peer has pulled from the caller's pool tensor before the caller may touch it again.
+  if (one_domain) launch_combine_end(barrier.domain, l.combine_pulled, from_pool, stream);
   return staged;
 }
 

@@ -65,12 +65,13 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   const BufferShape& s = runtime.shape();
   if (call.barrier_first && c.nodes > 1) launch_domain_barrier(runtime.barrier(), stream);
   DispatchParams p{};
-  if (c.nodes == 1) {
+  if (c.nodes > 1 && call.zero_copy.rows != nullptr) {
+    throw std::invalid_argument("dispatch: zero-copy outputs only inside one domain");
+  }
+  if (c.nodes == 1 && runtime.domain().ranks > 1) {
     publish_dispatch_targets(runtime, call, stream);
     p.published_targets = true;
     p.receive_targets = l.receive_targets;
-  } else if (call.zero_copy.rows != nullptr) {
-    throw std::invalid_argument("dispatch: zero-copy outputs only inside one domain");
   }
   p.domain = runtime.domain();
   p.transport = runtime.transport();
@@ -105,8 +106,6 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.dispatch_credits = flags.dispatch_credits.with_chunks(p.max_chunks);
   p.control = runtime.control_transport();
   p.withhold_credits = c.withhold_dispatch_credits;
-  p.wait_receivers = runtime.releases_receive();
-  p.receive_releases = l.receive_releases;
   if (c.nodes > 1 && call.probs != nullptr) {
     // The network leg puts a run's probs for one domain at once: restripe them dest-major.
     float* restriped = reinterpret_cast<float*>(runtime.registered() + l.restriped_probs);
@@ -132,6 +131,10 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
           "dispatch: own rows straight into the output only inside one domain, unpermuted");
     }
     p.own = call.own;
+  } else if (c.nodes == 1 && !p.published_targets && call.zero_copy.rows != nullptr) {
+    // Alone every row is this rank's own: the zero-copy outputs (sized for all of them) take
+    // them as its own rows, with no publish kernel before the launch.
+    p.own = {call.zero_copy.rows, call.zero_copy.probs, call.zero_copy.scales};
   }
   p.dispatch_blocks = c.sms_dispatch;
   p.first_permute_block = c.sms_dispatch;

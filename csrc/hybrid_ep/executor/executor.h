@@ -58,7 +58,8 @@ struct DispatchCall {
   int num_tokens;
   int row_bytes;
   int scale_cols;
-  // Needed when no preprocessing ran in this operation, unless Runtime::releases_receive.
+  // Needed when no preprocessing ran in this operation, with several domains (inside one the
+  // publish kernel before the launch waits for each peer's release of its receive region).
   bool barrier_first;
   // Inside one domain, the caller's output for this rank's rows from itself, at their row
   // index (rows, probs, scales; null: through the registered buffer like the peers' rows).

@@ -9,8 +9,9 @@
 // profile filter for "dispatch_kernel" counts it): each rank writes where that dispatch's rows
 // land (its registered regions, or the caller's zero-copy outputs) and bumps its release of its
 // receive region, stream-ordered after its reads of the previous dispatch's rows, then waits
-// for every peer's release of this call. After each combine the
-// ranks count their pulls from each other (signal_pulled_kernel, wait_pulled_kernel).
+// for every peer's release of this call. A combine there starts with combine_start_kernel (the
+// wait for the peers' pulls of the previous input, where this input is, the barrier) and ends
+// with combine_end_kernel (the ranks count their pulls from each other).
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/params.h"
@@ -72,8 +73,8 @@ __device__ void network_barrier(const BarrierParams& p, int lane) {
   }
 }
 
-__global__ void domain_barrier_kernel(BarrierParams p) {
-  if (p.domain.aborted()) return;
+// The whole block, after the caller's check of the abort flag.
+__device__ void barrier_body(const BarrierParams& p) {
   const int local_threads = (p.domain.ranks + 31) / 32 * 32;
   if (int(threadIdx.x) < local_threads) local_barrier(p, threadIdx.x);
   // The network part follows the domain's, so that its stamps say whether the domain agreed:
@@ -84,26 +85,53 @@ __global__ void domain_barrier_kernel(BarrierParams p) {
   if (threadIdx.x == 0) p.domain.settle();
 }
 
-// The combine's sources: the barrier that follows publishes them.
-__global__ void publish_targets_kernel(uint64_t* words, ReceiveTargetWords values) {
-  for (int k = 0; k < values.count; ++k) words[k] = values.at[k];
+__global__ void domain_barrier_kernel(BarrierParams p) {
+  if (p.domain.aborted()) return;
+  barrier_body(p);
 }
 
 // Thread j: one more combine pulled from local rank j (this rank's own slot: its count).
-__global__ void signal_pulled_kernel(DomainView d, size_t combine_pulled) {
-  const int j = threadIdx.x;
+__device__ void signal_pulled(const DomainView& d, size_t combine_pulled, int j) {
   if (j >= d.ranks || d.aborted()) return;
   uint8_t* at = (j == d.local_rank ? d.self() : d.peer(j)) + combine_pulled;
   signal_flag(reinterpret_cast<uint64_t*>(at) + d.local_rank);
 }
 
 // Thread j: local rank j has pulled from this rank's inputs as often as this rank combined.
-__global__ void wait_pulled_kernel(DomainView d, size_t combine_pulled) {
-  const int j = threadIdx.x;
+__device__ void wait_pulled(const DomainView& d, size_t combine_pulled, int j) {
   if (j >= d.ranks || j == d.local_rank || d.aborted()) return;
   const uint64_t* slots = reinterpret_cast<const uint64_t*>(d.self() + combine_pulled);
   const uint64_t combined = *reinterpret_cast<const volatile uint64_t*>(slots + d.local_rank);
   wait_until(slots + j, combined, d, WaitSite::kCombinePulled, j, 0);
+}
+
+__global__ void wait_pulled_kernel(DomainView d, size_t combine_pulled) {
+  wait_pulled(d, combine_pulled, threadIdx.x);
+}
+
+// Before a combine kernel inside one domain of several ranks, one launch instead of three (each
+// launch cost ~8 us of host time with 8 ranks sharing the GPU): the wait for the peers' pulls of
+// the previous input (unless done already), where this call's input is (`values` at `words`),
+// then the domain barrier, after which the peers read those words.
+__global__ void combine_start_kernel(BarrierParams p, size_t combine_pulled, bool wait,
+                                     uint64_t* words, ReceiveTargetWords values) {
+  if (wait) wait_pulled(p.domain, combine_pulled, threadIdx.x);
+  // Block-uniform: a timed-out wait leaves out the rest, as a separate barrier launch would.
+  if (__syncthreads_or(p.domain.aborted())) return;
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < values.count; ++k) words[k] = values.at[k];
+  }
+  __syncthreads();  // the barrier's signals (fenced) follow the words
+  barrier_body(p);
+}
+
+// After a combine kernel: the pulls counted in every peer, then (`wait`) until every peer has
+// counted its pulls of this rank's input.
+__global__ void combine_end_kernel(DomainView d, size_t combine_pulled, bool wait) {
+  signal_pulled(d, combine_pulled, threadIdx.x);
+  if (!wait) return;
+  __syncthreads();  // this rank's own count, in its slot, is the one to wait for
+  wait_pulled(d, combine_pulled, threadIdx.x);
 }
 
 // Inside one domain, before a dispatch kernel: thread 0 writes where this call's rows land and
@@ -137,21 +165,23 @@ void launch_publish_dispatch(const DomainView& d, size_t targets, const ReceiveT
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_signal_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream) {
-  if (d.ranks == 1) return;  // alone, the stream orders every reuse
-  signal_pulled_kernel<<<1, (d.ranks + 31) / 32 * 32, 0, stream>>>(d, combine_pulled);
-  HYBRID_EP_CUDA_CHECK(cudaGetLastError());
-}
-
 void launch_wait_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream) {
-  if (d.ranks == 1) return;
+  if (d.ranks == 1) return;  // alone, the stream orders every reuse
   wait_pulled_kernel<<<1, (d.ranks + 31) / 32 * 32, 0, stream>>>(d, combine_pulled);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values,
-                            cudaStream_t stream) {
-  publish_targets_kernel<<<1, 1, 0, stream>>>(words, values);
+void launch_combine_start(const BarrierParams& p, size_t combine_pulled, bool wait, uint64_t* words,
+                          const ReceiveTargetWords& values, cudaStream_t stream) {
+  combine_start_kernel<<<1, (p.domain.ranks + 31) / 32 * 32, 0, stream>>>(p, combine_pulled, wait,
+                                                                          words, values);
+  HYBRID_EP_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_combine_end(const DomainView& d, size_t combine_pulled, bool wait,
+                        cudaStream_t stream) {
+  if (d.ranks == 1) return;
+  combine_end_kernel<<<1, (d.ranks + 31) / 32 * 32, 0, stream>>>(d, combine_pulled, wait);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
 }
 

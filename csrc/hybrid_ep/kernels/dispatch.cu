@@ -463,17 +463,6 @@ __device__ void permute_block(const DispatchParams& p, const Smem& s, int block,
   }
 }
 
-// Whether local rank j's dispatch rows may be overwritten: j has released them (read the rows
-// of every earlier dispatch out) as often as this rank has. False after a timeout.
-__device__ bool receiver_free(const DispatchParams& p, int j) {
-  const DomainView& d = p.domain;
-  if (j == d.local_rank) return true;  // this rank's own reads are ordered by its stream
-  const uint64_t released =
-      *reinterpret_cast<const volatile uint64_t*>(d.self() + p.receive_releases);
-  return wait_until(reinterpret_cast<const uint64_t*>(d.peer(j) + p.receive_releases), released, d,
-                    WaitSite::kReceiveRelease, j, 0);
-}
-
 __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p) {
   // After a failed wait the buffer is unusable: do nothing rather than touch peers.
   if (p.domain.aborted()) return;
@@ -485,17 +474,12 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
     for (int i = 0; i < 4; ++i) s.chunk_arrivals[i] = 0;  // and credit_arrivals
     s.ring.init();
   }
-  bool stuck = false;
-  // One warp checks that the receivers are free, before any warp takes its role, and then
-  // reads where each one's rows land (published before its release).
+  // One warp reads where each receiver's rows land (published before the launch: the publish
+  // kernel waited for every receiver's release), before any warp takes its role.
   if (warp == 1) {
-    for (int j = lane; j < p.domain.ranks; j += 32) {
-      if (p.wait_receivers) stuck |= !receiver_free(p, j);
-      s.targets[j] = row_targets(p, j);
-    }
+    for (int j = lane; j < p.domain.ranks; j += 32) s.targets[j] = row_targets(p, j);
   }
-  // A timed-out wait leaves the whole block out: its stores could land in rows still being read.
-  if (__syncthreads_or(stuck)) return;
+  __syncthreads();
   // A block may dispatch, then permute (fused inside one domain, every block does both).
   uint32_t ring_items = 0;
   if (int(blockIdx.x) < p.dispatch_blocks) {

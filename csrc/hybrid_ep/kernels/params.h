@@ -192,14 +192,9 @@ struct DispatchParams {
   ChunkFlags dispatch_credits;
   TransportContext control;
   bool withhold_credits;  // HYBRID_EP_FAULT (tests): never credit a chunk back
-  // Inside one domain of several ranks, in place of a domain barrier before the launch: no
-  // block stores into peer j's dispatch_rows before j has released them (read them out) as
-  // often as this rank has (uint64 at receive_releases in every rank's buffer).
-  bool wait_receivers;
-  size_t receive_releases;
-  // Inside one domain: each rank's rows land where its receive_targets region says (published
-  // by launch_publish_dispatch before its release), its registered regions or the zero-copy
-  // pool; else the regions above.
+  // Inside one domain of several ranks: each rank's rows land where its receive_targets region
+  // says (published by launch_publish_dispatch before its release), its registered regions or
+  // the zero-copy pool; else (alone: own) the regions above.
   bool published_targets;
   size_t receive_targets;
 };
@@ -384,20 +379,24 @@ int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk);
 
 // Launchers (kernels/*.cu). Each checks its launch and throws CudaError on failure.
 void launch_domain_barrier(const BarrierParams& p, cudaStream_t stream);
-// Inside one domain, after a combine kernel: this rank is done pulling from every peer's input
-// (a count in each peer's combine_pulled, and its own slot counts its combines).
-void launch_signal_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream);
-// Waits until every peer has signalled as many combines as this rank has: none still reads
-// this rank's input of an earlier combine. Idempotent; times out like every wait.
+// Inside one domain: waits until every peer has signalled as many combines as this rank has
+// (combine_pulled): none still reads this rank's input of an earlier combine. Idempotent;
+// times out like every wait.
 void launch_wait_pulled(const DomainView& d, size_t combine_pulled, cudaStream_t stream);
+// Inside one domain of several ranks, before a combine kernel: the wait above (`wait`), then
+// `values` at `words` of this rank's receive_targets region (where the combine's input is),
+// then the domain barrier, after which the peers read them.
+void launch_combine_start(const BarrierParams& p, size_t combine_pulled, bool wait, uint64_t* words,
+                          const ReceiveTargetWords& values, cudaStream_t stream);
+// Inside one domain, after a combine kernel: this rank is done pulling from every peer's input
+// (a count in each peer's combine_pulled, and its own slot counts its combines); then, with
+// `wait`, the wait above: the peers are done with this rank's input.
+void launch_combine_end(const DomainView& d, size_t combine_pulled, bool wait, cudaStream_t stream);
 // Inside one domain, before a dispatch kernel: writes `values` at `targets` of this rank's own
 // buffer, one more release at `releases` (its reads of the previous dispatch's rows are behind
 // in stream order), then waits until every peer has released as often.
 void launch_publish_dispatch(const DomainView& d, size_t targets, const ReceiveTargetWords& values,
                              size_t releases, cudaStream_t stream);
-// Writes `values` at `words` of this rank's own receive_targets region (the combine's sources;
-// a barrier follows before any peer reads them).
-void launch_publish_targets(uint64_t* words, const ReceiveTargetWords& values, cudaStream_t stream);
 void launch_allgather(const AllgatherParams& p, cudaStream_t stream);
 void launch_allgather_network(const AllgatherNetworkParams& p, cudaStream_t stream);
 void launch_restripe(const RestripeParams& p, cudaStream_t stream);

@@ -108,11 +108,6 @@ class Runtime {
   const TransportContext& control_transport() const;
   // The barrier between operations (with the peers of the other domains when there are some).
   BarrierParams barrier() const;
-  // Inside one domain of several ranks a dispatch waits for each peer's release of its receive
-  // region (launch_publish_dispatch at the start of the peer's dispatch, after its reads of the
-  // previous one) instead of a domain barrier. Alone a rank's stream orders everything; with
-  // several domains the barrier also guards the tiles.
-  bool releases_receive() const { return config_.nodes == 1 && config_.ranks > 1; }
   std::vector<ChannelCounters> transport_counters() const { return transport_->counters(); }
   void reset_transport_counters() { transport_->reset_counters(); }
   uint8_t* registered() const { return buffer_->local(); }
