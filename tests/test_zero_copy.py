@@ -29,8 +29,8 @@ class RecordingRuntime:
         self.pool = pool
         self.blocks = []
 
-    def status(self):
-        return {"code": 0}
+    def status_code(self):
+        return 0
 
     def pool_stats(self):
         return {"bytes": self.pool, "in_use": 0, "largest_free": self.pool, "blocks": 0}
@@ -41,6 +41,23 @@ class RecordingRuntime:
         block = torch.zeros(size, dtype=torch.uint8)
         self.blocks.append(block)
         return torch.utils.dlpack.to_dlpack(block)
+
+    def pool_outputs(self, rows, row_bytes, bf16, prob_cols, scale_cols, device):
+        """One block, the parts on 512-byte boundaries, each handed over as its own capsule."""
+        sizes = [-(-n // 512) * 512 for n in (rows * row_bytes, rows * 4 * prob_cols,
+                                              rows * 4 * scale_cols)]
+        if sum(sizes) > self.pool:
+            return None
+        block = torch.zeros(sum(sizes), dtype=torch.uint8)
+        self.blocks.append(block)
+        out = block[:rows * row_bytes].view(rows, row_bytes)
+        parts = [out.view(torch.bfloat16) if bf16 else out]
+        start = sizes[0]
+        for cols, size in ((prob_cols, sizes[1]), (scale_cols, sizes[2])):
+            part = block[start:start + rows * 4 * cols].view(torch.float32).view(rows, cols)
+            parts.append(part if cols else None)
+            start += size
+        return tuple(torch.utils.dlpack.to_dlpack(p) if p is not None else None for p in parts)
 
     def dispatch(self, *args):
         zc_rows, zc_probs, zc_scales, capacity = args[-5:-1]
@@ -88,9 +105,8 @@ def test_outputs_in_the_pool_are_stored_into_and_not_copied():
     assert runtime.calls == [("dispatch", True, True, False, 6)]
     assert rows.shape == (6, 64) and rows.dtype == torch.bfloat16
     assert out_probs.shape == (6, 4) and out_probs.dtype == torch.float32 and scales is None
-    # One block holds both, the probs past the rows on their own 512-byte boundary.
-    assert rows.untyped_storage().data_ptr() == out_probs.untyped_storage().data_ptr()
-    assert (out_probs.data_ptr() - rows.data_ptr()) % 512 == 0
+    # One block holds both, the probs right past the rows on their own 512-byte boundary.
+    assert out_probs.data_ptr() - rows.data_ptr() == 1024
     stats = engine.zero_copy.stats.as_dict()
     assert stats["dispatch_zero_copy"] == 1 and stats["dispatch_copied"] == 0
 

@@ -9,7 +9,6 @@ engine's rendezvous, the CUDA engine's routing all-gather and barriers) and rais
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, fields
 
 OPS = ("dispatch", "dispatch_with_permute", "combine", "combine_with_unpermute",
@@ -32,7 +31,9 @@ class CallStamp:
 
     def with_handle(self, config) -> CallStamp:
         """The stamp of a call that passes the handle whose config is ``config``."""
-        return dataclasses.replace(self, handle=config.handle_id or 0)
+        # Positional, in field order: dataclasses.replace costs ~2 us more, on every call.
+        return CallStamp(self.op, self.engine, self.fp8, self.width, self.probs, self.scales,
+                         config.handle_id or 0, self.non_blocking, self.fused)
 
     def pack(self) -> int:
         """A nonzero int below 2**63 (the GPU compares these as uint64 words)."""

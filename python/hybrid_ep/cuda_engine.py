@@ -213,10 +213,9 @@ class CudaEngine(Engine):
         self.runtime.begin_call(stamp.pack())
 
     def check_status(self) -> None:
-        status = self.runtime.status()
-        if status["code"] == 0:
+        if self.runtime.status_code() == 0:
             return
-        raise_for_status(status, self.topo, self.env.timeout_s)
+        raise_for_status(self.runtime.status(), self.topo, self.env.timeout_s)
 
     def _row_bytes(self, hidden: torch.Tensor) -> int:
         row_bytes = hidden.shape[1] * hidden.element_size()
@@ -333,7 +332,8 @@ class CudaEngine(Engine):
             return self._dispatch_permute(args, hidden, probs is not None, scale_cols, layout,
                                           fused_permute)
         if not keep_in_buffer and self.zero_copy.usable(self.runtime):
-            outputs = self._dispatch_zero_copy(args, hidden, probs, scaling_factor, layout)
+            outputs = self._dispatch_zero_copy(args, hidden, probs, scaling_factor, layout,
+                                               stream)
             if outputs is not None:
                 return outputs
         # With the output's size known before the launch (a handle's), inside one domain, this
@@ -363,7 +363,8 @@ class CudaEngine(Engine):
             self.zero_copy.copied_dispatch((rows - (written[1] - written[0])) * per_row)
         return outputs
 
-    def _dispatch_zero_copy(self, args, hidden, probs, scaling_factor, layout: DispatchLayout):
+    def _dispatch_zero_copy(self, args, hidden, probs, scaling_factor, layout: DispatchLayout,
+                            stream: int):
         """The dispatch into outputs of the zero-copy pool, which the peers store into: no
         copy out. The outputs are sized before the launch, so a blocking call with a fresh
         layout takes its one synchronisation first. None when the pool has no room (or there
@@ -381,7 +382,7 @@ class CudaEngine(Engine):
         if outputs is None:
             return None
         self._preprocessed = False
-        self.runtime.dispatch(*args, 0, 0, 0, *(_ptr(t) for t in outputs), rows, self._stream())
+        self.runtime.dispatch(*args, 0, 0, 0, *(_ptr(t) for t in outputs), rows, stream)
         return outputs
 
     def _dispatch_outputs(self, rows: int, hidden, probs, scaling_factor):

@@ -184,6 +184,8 @@ void register_runtime(py::module_& m) {
            })
       .def("registered_bytes", [](const Runtime& r) { return r.layout().total; })
       .def("status", [](const Runtime& r) { return status_dict(r.status()); })
+      // Every call checks this first: no dict to build while nothing failed.
+      .def("status_code", [](const Runtime& r) { return int(r.status().code); })
       .def("begin_call", &Runtime::begin_call, py::arg("stamp"))
       .def("summary",
            [](const Runtime& r) {
