@@ -59,7 +59,10 @@ Numbers (per configuration and operation; "ranks on a GPU" share its HBM):
   holds, event-timed with the GPU kept busy before the start event (no launch overhead), its
   output checked;
 - API allowance = kernel time + one pass over the output (read + write, summed over the ranks on
-  the GPU) at the roofline + 30 us.
+  the GPU) at the roofline + 30 us;
+- API floor = the API time (same timing) of one empty kernel launched and synchronised: the
+  launch and wake-up latency under every call, which with several ranks sharing a GPU under MPS
+  no library call avoids.
 """
 
 from .config import GpuBenchConfig

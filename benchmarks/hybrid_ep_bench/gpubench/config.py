@@ -104,6 +104,7 @@ class RankResult:
     api_permuted: list[int] = field(default_factory=list)  # P per timed API step
     kernel_permuted: list[int] = field(default_factory=list)
     preprocess_kernels_s: float | None = None  # mean per call, all preprocessing kernels
+    api_floor_s: float | None = None  # median API time of one empty kernel (ranks.py)
     profiler_note: str | None = None
     ceilings: list[dict] = field(default_factory=list)
 

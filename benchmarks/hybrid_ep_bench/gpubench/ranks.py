@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import tempfile
 import warnings
 from dataclasses import replace
@@ -195,6 +196,11 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
             result.api_copies.append(out["copies"])
             result.api_permuted.append(out.get("permuted", 0))
         del out
+    # The floor under every API time: one empty kernel, launched and synchronised, timed the
+    # same way (the ranks starting at one instant). With several ranks sharing a GPU under MPS
+    # it holds the clients' launch and wake-up latency, which no library call can avoid.
+    floors = [time_call(lambda: torch.cuda._sleep(0), group)[1] for _ in range(cfg.iters)]
+    result.api_floor_s = statistics.median(floors)
 
     # Pass 2: kernel times from the profiler (2 more warm-up steps inside the session).
     result.kernel_s = {op: [] for op in ops}

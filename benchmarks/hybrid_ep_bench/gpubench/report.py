@@ -51,6 +51,10 @@ def format_regime(cfg: GpuBenchConfig, env: dict, regime: str, runs: list[dict])
          f"oracle: {', '.join(runs[0]['verified'])}"),
         ("HBM roofline (device-to-device copy, read + write, same run): "
          + ", ".join(f"{r['ranks']} rank(s): {_f(r['roofline_gbps'], 0)} GB/s" for r in runs)),
+        ("API floor (one empty kernel launched and synchronised, timed like the calls; under "
+         "every API time): "
+         + ", ".join(f"{r['ranks']} rank(s): {_f(r.get('api_floor_us'), 0)}"
+                     + (" us" if _f(r.get("api_floor_us")) != "n/a" else "") for r in runs)),
         "",
     ]
     ceiling_cols = regime == "sm"
