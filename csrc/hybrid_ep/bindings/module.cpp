@@ -2,6 +2,7 @@
 // lives in csrc/hybrid_ep/runtime and below.
 #include <pybind11/pybind11.h>
 
+#include "hybrid_ep/bindings/eager_tiles.h"
 #include "hybrid_ep/bindings/layout.h"
 #include "hybrid_ep/bindings/runtime.h"
 #include "hybrid_ep/common/cuda_check.h"
@@ -55,4 +56,5 @@ PYBIND11_MODULE(_C, m) {
 
   hybrid_ep::register_runtime(m);
   hybrid_ep::register_layout(m);
+  hybrid_ep::register_eager_tiles(m);
 }
