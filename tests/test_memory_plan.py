@@ -197,15 +197,19 @@ def test_receive_cap_sizes_the_receive_regions(world, ranks, tokens, cap):
 
 
 def test_zero_copy_pool_in_the_plan(monkeypatch):
-    """The pool: none with several domains; the option, HYBRID_EP_ZERO_COPY_POOL_MB and
-    HYBRID_EP_ZERO_COPY size it with one, the runtime's layout agreeing."""
+    """The pool: by default none with several domains; the option, HYBRID_EP_ZERO_COPY_POOL_MB
+    (with several domains too: a pool of network sources) and HYBRID_EP_ZERO_COPY size it, the
+    runtime's layout agreeing."""
     args = (8, 8, 1024, 128, 4)
-    assert hybrid_ep.memory_plan(16, 8, 1024, 128, 4)["zero_copy_pool"] == 0
+    several = (16, 8, 1024, 128, 4)
+    assert hybrid_ep.memory_plan(*several)["zero_copy_pool"] == 0
+    assert hybrid_ep.memory_plan(*args)["zero_copy_pool"] > 0
     plan = hybrid_ep.memory_plan(*args, zero_copy_pool_bytes=5 << 20)
     assert plan["zero_copy_pool"] == 5 << 20
     assert plan["total"] - hybrid_ep.memory_plan(*args, zero_copy_pool_bytes=0)["total"] == 5 << 20
     monkeypatch.setenv("HYBRID_EP_ZERO_COPY_POOL_MB", "3")
     assert hybrid_ep.memory_plan(*args)["zero_copy_pool"] == 3 << 20
+    assert hybrid_ep.memory_plan(*several)["zero_copy_pool"] == 3 << 20
     monkeypatch.setenv("HYBRID_EP_ZERO_COPY", "0")
     assert hybrid_ep.memory_plan(*args)["zero_copy_pool"] == 0
     with pytest.raises(ValueError, match="zero_copy_pool_bytes=-1"):

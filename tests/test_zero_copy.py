@@ -24,10 +24,11 @@ class RecordingRuntime:
     """Records dispatch (with its zero-copy outputs) and copy-out calls; pool blocks are CPU
     tensors handed over by DLPack like the native ones."""
 
-    def __init__(self, pool: int):
+    def __init__(self, pool: int, network_staged: int = 0):
         self.calls = []
         self.pool = pool
         self.blocks = []
+        self.network_staged = network_staged  # what dispatch returns: bytes staged for puts
 
     def status_code(self):
         return 0
@@ -62,18 +63,19 @@ class RecordingRuntime:
     def dispatch(self, *args):
         zc_rows, zc_probs, zc_scales, capacity = args[-5:-1]
         self.calls.append(("dispatch", bool(zc_rows), bool(zc_probs), bool(zc_scales), capacity))
+        return self.network_staged
 
     def copy_dispatched(self, *args):
         self.calls.append(("copy_dispatched",))
 
 
-def _engine(runtime, fresh: bool = False, zero_copy: bool = True) -> CudaEngine:
+def _engine(runtime, fresh: bool = False, zero_copy: bool = True, nodes: int = 1) -> CudaEngine:
     """A CudaEngine's dispatch state on the CPU, without connecting a runtime."""
     engine = object.__new__(CudaEngine)
     engine.runtime = runtime
     engine.device = torch.device("cpu")
     engine.config = SimpleNamespace(hidden_dim=64)
-    engine.topo = SimpleNamespace(num_of_nodes=1, ranks_per_domain=2, rank=0)
+    engine.topo = SimpleNamespace(num_of_nodes=nodes, ranks_per_domain=2, rank=0)
     engine.experts = 2
     engine._preprocessed = False
     engine._fresh_layout = fresh
@@ -134,6 +136,23 @@ def test_zero_copy_off_copies_without_counting_fallbacks():
     assert engine.zero_copy.stats.pool_fallbacks == 0
 
 
+def test_several_domains_copy_out_and_count_staged_network_sources():
+    """With several domains a pool holds only network sources: the outputs are copied out, and
+    the bytes the runtime staged for the network's puts are counted (none: nothing counted)."""
+    runtime = RecordingRuntime(pool=1 << 20, network_staged=4 * 128)
+    engine = _engine(runtime, nodes=2)
+    layout = _layout(6)
+    layout.own_rows = None  # several domains: no own rows straight into the output
+    engine.move_rows(_hidden(), None, None, layout, tokens=4)
+    assert runtime.calls == [("dispatch", False, False, False, 0), ("copy_dispatched",)]
+    stats = engine.zero_copy.stats.as_dict()
+    assert stats["dispatch_zero_copy"] == 0 and stats["pool_fallbacks"] == 0
+    assert (stats["network_staged"], stats["network_bytes_staged"]) == (1, 4 * 128)
+    runtime.network_staged = 0  # the rows came from the pool
+    engine.move_rows(_hidden(), None, None, layout, tokens=4)
+    assert engine.zero_copy.stats.network_staged == 1
+
+
 def test_the_permute_path_keeps_rows_in_the_receive_region():
     runtime = RecordingRuntime(pool=1 << 20)
     _engine(runtime).move_rows(_hidden(), None, None, _layout(6), tokens=4, keep_in_buffer=True)
@@ -181,7 +200,8 @@ def test_pool_size():
         DEFAULT_POOL_OUTPUTS * (32768 * per_row + 3 * 512)
     assert pool_bytes(True, 1, 100, 32768, 7168, 8, 8) == 100 << 20
     assert pool_bytes(False, 1, 100, 32768, 7168, 8, 8) == 0
-    assert pool_bytes(True, 2, None, 32768, 7168, 8, 8) == 0  # several domains: none
+    assert pool_bytes(True, 2, None, 32768, 7168, 8, 8) == 0  # several domains: none by default
+    assert pool_bytes(True, 2, 64, 32768, 7168, 8, 8) == 64 << 20  # asked for: network sources
 
 
 @pytest.mark.parametrize("name,value,expected", [

@@ -310,8 +310,12 @@ class HybridEPBuffer:
         copied out of the registered buffer (``dispatch_bytes_copied``); ``combine_zero_copy``
         and ``combine_staged`` count plain combines whose input was read in place and those
         that staged it (``combine_bytes_staged``); ``pool_fallbacks`` counts calls that wanted
-        the zero-copy pool but found no room. Host counts, no synchronisation. Zeros on the
-        reference engine (it moves tensors with torch) and before the first CUDA call."""
+        the zero-copy pool but found no room; with several domains and a backend whose puts read
+        only registered memory (doca; nixl and nvshmem towards unmapped peers),
+        ``network_staged`` counts dispatches that copied their rows into the registered buffer
+        for the network (``network_bytes_staged``), which a ``hidden`` from ``empty_zero_copy``
+        avoids. Host counts, no synchronisation. Zeros on the reference engine (it moves tensors
+        with torch) and before the first CUDA call."""
         engine = self._cuda_engine
         if engine is None:
             return CopyStats().as_dict()
@@ -323,10 +327,12 @@ class HybridEPBuffer:
     def empty_zero_copy(self, *size, dtype=torch.bfloat16, device=None) -> torch.Tensor:
         """An uninitialised tensor of ``size`` in this rank's zero-copy pool, on this buffer's
         GPU: a later ``combine`` given it (e.g. the expert outputs written into it) lets the
-        peers read it in place instead of staging it. An ordinary tensor: the pool block
-        returns when the tensor and its views are freed. Where the pool cannot serve it (no
-        room, counted in ``copy_stats``; several domains; HYBRID_EP_ZERO_COPY=0; before the
-        first CUDA call, which builds the pool; CUDA-graph capture) it is a plain
+        peers read it in place instead of staging it; with several domains, a dispatch's
+        ``hidden`` (or FP8 ``scaling_factor``) in it is what the network's puts read, with no
+        copy into the registered buffer first. An ordinary tensor: the pool block returns when
+        the tensor and its views are freed. Where the pool cannot serve it (no room, counted in
+        ``copy_stats``; several domains without HYBRID_EP_ZERO_COPY_POOL_MB; HYBRID_EP_ZERO_COPY=0;
+        before the first CUDA call, which builds the pool; CUDA-graph capture) it is a plain
         ``torch.empty`` on ``device`` (default: the buffer's GPU, else the current CUDA
         device). Local: no peer takes part."""
         if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):

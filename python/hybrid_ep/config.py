@@ -83,15 +83,18 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_FAULT", "off",
            "testing only, CUDA engine, several domains: withhold_dispatch_credits or "
            "withhold_combine_credits makes this rank's kernels never credit the ring slots of "
-           "that op back, so the other domains' senders time out at the credit wait"),
+           "that op back, so the other domains' senders time out at the credit wait; "
+           "stage_network_sources makes this build's puts read only registered memory, as "
+           "doca's do, so that dispatch stages its network sources (unless in the pool)"),
     EnvVar("HYBRID_EP_ZERO_COPY", "1",
            "CUDA engine, one NVLink domain: dispatch outputs are blocks of a pool in the "
            "registered buffer that the peers store into (no copy out), and a combine input in "
            "that pool is read in place (no staging); 0: copy as before (docs/zero-copy.md)"),
     EnvVar("HYBRID_EP_ZERO_COPY_POOL_MB", "auto",
-           "MiB of the zero-copy pool per rank (one domain only; registered with the buffer); "
-           "auto: 4 dispatches' outputs at the receive cap. A call the pool cannot hold copies "
-           "(counted in copy_stats, warned once)"),
+           "MiB of the zero-copy pool per rank (registered with the buffer); auto: inside one "
+           "domain 4 dispatches' outputs at the receive cap, with several domains none (there "
+           "the pool only holds inputs from empty_zero_copy that the network's puts read in "
+           "place). A call the pool cannot hold copies (counted in copy_stats, warned once)"),
     EnvVar("HYBRID_EP_ENGINE", "auto",
            "auto (CPU tensors: reference, CUDA tensors: CUDA engine), reference or cuda"),
     EnvVar("UCX_IB_GDA_MAX_HCA_PER_GPU", "auto (UCX)", "UCX's rails per GPU; passed through, never set"),
@@ -120,7 +123,7 @@ ENV_VARS = (
 _ENV_NAMES = {v.name for v in ENV_VARS}
 
 # HYBRID_EP_FAULT's injected faults (the timeout tests reach waits no skipped call can).
-FAULTS = ("withhold_dispatch_credits", "withhold_combine_credits")
+FAULTS = ("withhold_dispatch_credits", "withhold_combine_credits", "stage_network_sources")
 
 
 def _raw(name: str) -> str | None:

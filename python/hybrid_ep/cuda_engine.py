@@ -112,6 +112,7 @@ class CudaEngine(Engine):
         rc.net_ring_chunks = self.env.net_ring_chunks
         rc.withhold_dispatch_credits = self.env.fault == "withhold_dispatch_credits"
         rc.withhold_combine_credits = self.env.fault == "withhold_combine_credits"
+        rc.stage_network_sources = self.env.fault == "stage_network_sources"
         rc.transport_options = transport_options.runtime_options(
             C.build_info()["transport"], self.topo.num_of_nodes, self.env, config, self.device)
         rc.transport_options = {**rc.transport_options, **transport_bootstrap.group_options(
@@ -331,7 +332,8 @@ class CudaEngine(Engine):
         if fused_permute is not None:
             return self._dispatch_permute(args, hidden, probs is not None, scale_cols, layout,
                                           fused_permute)
-        if not keep_in_buffer and self.zero_copy.usable(self.runtime):
+        if (not keep_in_buffer and self.topo.num_of_nodes == 1
+                and self.zero_copy.usable(self.runtime)):
             outputs = self._dispatch_zero_copy(args, hidden, probs, scaling_factor, layout,
                                                stream)
             if outputs is not None:
@@ -343,7 +345,8 @@ class CudaEngine(Engine):
                   and self.topo.num_of_nodes == 1)
         outputs = (self._dispatch_outputs(layout.num_dispatched_tokens, hidden, probs,
                                           scaling_factor) if direct else (None, None, None))
-        self.runtime.dispatch(*args, *(_ptr(t) for t in outputs), 0, 0, 0, 0, stream)
+        self.zero_copy.network_sent(
+            self.runtime.dispatch(*args, *(_ptr(t) for t in outputs), 0, 0, 0, 0, stream))
         if self._fresh_layout:
             self._read_summary(layout)
         self._fresh_layout = False
@@ -417,10 +420,10 @@ class CudaEngine(Engine):
                       if scale_cols else None)
         blocks = self._fused_blocks(self.config.num_blocks_permute,
                                     self.config.num_sms_dispatch_api, "num_sms_dispatch_api")
-        self.runtime.dispatch_permute(
+        self.zero_copy.network_sent(self.runtime.dispatch_permute(
             *args, layout.dense_chunk_layout.data_ptr(), plan.dense_to_expert_map.data_ptr(),
             plan.row_source.data_ptr(), P, blocks, out.data_ptr(), _ptr(out_probs),
-            _ptr(out_scales), self._stream())
+            _ptr(out_scales), self._stream()))
         return (out, out_probs, out_scales), plan
 
     def combine_rows(self, hidden, probs, layout: DispatchLayout, tokens: int, num_tokens: int):

@@ -66,9 +66,9 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
         (dispatch_rows, dispatch_probs, dispatch_scales, combine_rows, combine_probs), at most
         world_size x max_num_of_tokens_per_rank (default: HybridEPBuffer's,
         min(world_size, 64) x max_num_of_tokens_per_rank).
-      zero_copy_pool_bytes: the zero-copy pool (docs/zero-copy.md), registered with one domain
-        only (default: none with HYBRID_EP_ZERO_COPY=0, HYBRID_EP_ZERO_COPY_POOL_MB when set,
-        else 4 dispatches' outputs at the receive cap).
+      zero_copy_pool_bytes: the zero-copy pool (docs/zero-copy.md) (default: none with
+        HYBRID_EP_ZERO_COPY=0, HYBRID_EP_ZERO_COPY_POOL_MB when set, else inside one domain 4
+        dispatches' outputs at the receive cap and with several domains none).
 
     It reports what the layout needs at any size: the CUDA engine's limit of 64 ranks per
     group does not apply. Unknown options raise TypeError; a bad value raises ValueError (or

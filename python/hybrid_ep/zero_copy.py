@@ -39,6 +39,10 @@ class CopyStats:
     combine_staged: int = 0  # combines that staged (copied) input into the registered buffer
     combine_bytes_staged: int = 0
     pool_fallbacks: int = 0  # calls that wanted the pool but found no room (then copied)
+    # Several domains, a backend whose puts read only registered memory: dispatches that copied
+    # their rows (and FP8 scales) into the registered buffer for the network, and the bytes.
+    network_staged: int = 0
+    network_bytes_staged: int = 0
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -46,13 +50,17 @@ class CopyStats:
 
 def pool_bytes(enabled: bool, nodes: int, pool_mb: int | None, received_rows: int,
                hidden_dim: int, experts_per_rank: int, ranks_per_domain: int) -> int:
-    """Bytes of the zero-copy pool a buffer of this config registers: none with several
-    domains or zero-copy off; HYBRID_EP_ZERO_COPY_POOL_MB when set; else DEFAULT_POOL_OUTPUTS
-    times one dispatch's outputs at the receive cap (BF16 rows, probs and FP8 scales)."""
-    if not enabled or nodes > 1:
+    """Bytes of the zero-copy pool a buffer of this config registers: none with zero-copy off;
+    HYBRID_EP_ZERO_COPY_POOL_MB when set; else, inside one domain, DEFAULT_POOL_OUTPUTS times
+    one dispatch's outputs at the receive cap (BF16 rows, probs and FP8 scales), and none with
+    several domains (whose dispatch outputs are not in the pool: there it only holds inputs the
+    network's puts read in place, a pool the user asks for)."""
+    if not enabled:
         return 0
     if pool_mb is not None:
         return pool_mb << 20
+    if nodes > 1:
+        return 0
     per_row = 2 * hidden_dim + 4 * experts_per_rank * ranks_per_domain + 4 * (hidden_dim // 128)
     return DEFAULT_POOL_OUTPUTS * (received_rows * per_row + 3 * _ALIGN)
 
@@ -76,7 +84,7 @@ class ZeroCopyPool:
 
     def usable(self, runtime) -> bool:
         """Whether calls may use the pool now: not while a CUDA graph is captured (a replay
-        would write into blocks freed since)."""
+        would write into blocks freed since). Dispatch outputs also need one domain."""
         if not self.enabled or self._pool_bytes == 0:
             return False
         return not (_CUDA and torch.cuda.is_current_stream_capturing())
@@ -133,6 +141,12 @@ class ZeroCopyPool:
     def copied_dispatch(self, bytes_copied: int) -> None:
         self.stats.dispatch_copied += 1
         self.stats.dispatch_bytes_copied += bytes_copied
+
+    def network_sent(self, staged_bytes: int) -> None:
+        """A dispatch whose network sources were staged (``staged_bytes`` > 0) or not."""
+        if staged_bytes:
+            self.stats.network_staged += 1
+            self.stats.network_bytes_staged += staged_bytes
 
     def combined(self, staged_bytes: int) -> None:
         """A plain combine with rows, which staged ``staged_bytes`` (0: read in place)."""

@@ -5,7 +5,9 @@ Inside one domain a dispatch's outputs are blocks of the registered pool that th
 into, and a combine of a pool tensor is read in place: every output must equal the reference's
 as the copying path's do, nothing may be copied in the steady state (copy_stats), a returned
 tensor must keep its values across later calls, growth and a second buffer, and a pool too
-small must fall back to copying (counted, warned once) with the same results.
+small must fall back to copying (counted, warned once) with the same results. With several
+domains and puts that read only registered memory, a dispatch's rows from the pool are what
+the network's puts read: nothing staged for them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from gpu_cases import (
     _dispatch_pair,
     combine_inputs,
     dispatch_with_warnings,
+    domain_args,
     job,
     make_hidden,
     make_routing,
@@ -154,3 +157,26 @@ def two_buffers_and_growth(ctx, spec_a: dict, spec_small: dict, spec_big: dict) 
     check_dispatch(ctx, big, ref_big, "dispatch after growth", x.dtype, stats)
     check_same(ctx, out_b[0], ref_b[0], "pre-growth rows after growth")
     return stats.as_dict()
+
+
+@job
+def network_sources(ctx, spec: dict) -> dict:
+    """Several domains, puts that read only registered memory (HYBRID_EP_FAULT=
+    stage_network_sources: the p2p build behaves as doca's puts do): a dispatch of an ordinary
+    tensor stages its rows for the network; the same rows in a tensor from empty_zero_copy are
+    read in place, with the same results."""
+    stats = Stats()
+    with env(HYBRID_EP_FAULT="stage_network_sources", HYBRID_EP_ZERO_COPY_POOL_MB="64"):
+        buf = ctx.buffer(spec["H"], spec["max_tokens"][ctx.rank], spec["E"], **domain_args(spec))
+    T = spec["tokens"][ctx.rank]
+    x, _ = make_hidden(ctx, spec, T, "n")
+    rt = make_routing(ctx, spec, T, salt="routingn")
+    out, ref = _dispatch_pair(ctx, buf, spec, x, None, rt, stats, "dispatch, sources staged")
+    staged = buf.copy_stats()["network_bytes_staged"]
+    pooled = buf.empty_zero_copy(*x.shape, dtype=x.dtype, device=ctx.dev)
+    pooled.copy_(x)
+    again = buf.dispatch(hidden=pooled, handle=out[3])
+    check_dispatch(ctx, again, buf.dispatch(hidden=x.cpu(), handle=ref[3]),
+                   "dispatch of a pool tensor, sources read in place", x.dtype, stats)
+    pooled_staged = buf.copy_stats()["network_bytes_staged"] - staged
+    return stats.as_dict(tokens=T, staged=staged, pooled_staged=pooled_staged)

@@ -1,7 +1,9 @@
 """Zero-copy on the CUDA engine (docs/zero-copy.md): dispatch outputs in the registered pool
 that the peers store into, combine inputs there read in place. Nothing copied in the steady
 state, outputs that keep their values across later calls, another stream, a second buffer
-and growth; a pool too small (or zero-copy off) copies, with the same results. The rest of
+and growth; a pool too small (or zero-copy off) copies, with the same results. With several
+domains and puts that read only registered memory (forced on p2p by HYBRID_EP_FAULT), the
+matrix passes with its sources staged, and a hidden from the pool is read in place. The rest of
 the GPU suite runs with zero-copy on (the default); HYBRID_EP_ZERO_COPY=0 runs it copying."""
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import gpu_env
 import pytest
 from gpu_env import gpu_marks, placement_param
-from gpu_specs import growth_specs, make_spec, report
+from gpu_specs import domain_matrix_spec, growth_specs, make_spec, matrix_under_env, report
+from test_gpu_multi_domain import matrix_params
 
 pytestmark = gpu_marks
 MODULE = "gpu_zero_copy_cases"
@@ -60,3 +63,28 @@ def test_zero_copy_two_buffers_and_growth(gpu_pools, record_property, W, placeme
                             spec_a=spec_a, spec_small=spec_small, spec_big=spec_big)
     report(record_property, results, label=f"zero-copy buffers W={W}", dispatches=7,
            combines=3)
+
+
+STAGED_SOURCES = {"HYBRID_EP_FAULT": "stage_network_sources"}
+
+
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-staged-sources", most_ranks=4))
+def test_domains_with_staged_network_sources(gpu_pools, record_property, W, placement, R,
+                                             case):
+    """The multi-domain matrix (up to 4 ranks) with every dispatch's network sources staged
+    into the registered buffer first, as for doca's puts."""
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, STAGED_SOURCES,
+                     "staged sources")
+
+
+@pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2"),
+                                           placement_param(2, "shared", 1, id_extra="2x1")])
+def test_network_sources_from_the_pool(gpu_pools, record_property, W, placement, R):
+    spec = domain_matrix_spec(W, R, {"H": 4096, "form": "topk", "k": 2, "tokens": "equal",
+                                     "max_tok": 128})
+    results = gpu_pools.run(W, placement, "network_sources", module=MODULE, spec=spec)
+    report(record_property, results, label=f"network sources {W // R}x{R}", dispatches=2,
+           combines=0)
+    if not gpu_env.DRY_RUN:  # the reference engine stages nothing and counts nothing
+        for rank, r in enumerate(results):
+            assert r["tokens"] > 0 and r["staged"] > 0 and r["pooled_staged"] == 0, (rank, r)

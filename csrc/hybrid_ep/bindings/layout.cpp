@@ -114,7 +114,7 @@ void register_layout(py::module_& m) {
         "Bytes of each region of the registered buffer a Runtime of this config allocates, in "
         "layout order (without alignment padding), and 'total' (Runtime.bytes_for, with it). "
         "max_received: rows of the in-domain receive regions (0: world x max_tokens); "
-        "zero_copy_pool_bytes: the zero-copy pool (one domain only).");
+        "zero_copy_pool_bytes: the zero-copy pool.");
   m.def("pack_routing", &pack_routing, py::arg("map"), py::arg("tokens"), py::arg("domain_cols"),
         py::arg("domain"),
         "The all-gather's words [tokens * words] of domain `domain` of a bool routing map given "

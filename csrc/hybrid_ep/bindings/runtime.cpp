@@ -90,6 +90,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("prob_puts_per_token", &RuntimeConfig::prob_puts_per_token)
       .def_readwrite("net_ring_chunks", &RuntimeConfig::net_ring_chunks)
       .def_readwrite("withhold_dispatch_credits", &RuntimeConfig::withhold_dispatch_credits)
+      .def_readwrite("stage_network_sources", &RuntimeConfig::stage_network_sources)
       .def_readwrite("withhold_combine_credits", &RuntimeConfig::withhold_combine_credits)
       .def_readwrite("transport_options", &RuntimeConfig::transport_options);
 
@@ -224,7 +225,7 @@ void register_runtime(py::module_& m) {
                                                ptr<float>(own_scales)}};
              call.zero_copy = {ptr<uint8_t>(zc_rows), ptr<float>(zc_probs), ptr<float>(zc_scales),
                                zc_capacity};
-             run_dispatch(r, call, stream_of(stream));
+             return run_dispatch(r, call, stream_of(stream));
            })
       .def("dispatch_permute",
            [](Runtime& r, uintptr_t hidden, uintptr_t probs, uintptr_t scales, uintptr_t s2d,
@@ -240,7 +241,7 @@ void register_runtime(py::module_& m) {
                                             ptr<uint8_t>(out),
                                             ptr<float>(out_probs),
                                             ptr<float>(out_scales)};
-             run_dispatch(
+             return run_dispatch(
                  r,
                  {ptr<const uint8_t>(hidden), ptr<const float>(probs), ptr<const float>(scales),
                   ptr<const int32_t>(s2d), ptr<const bool>(a2r), handle_tokens, num_tokens,

@@ -10,11 +10,13 @@
 namespace hybrid_ep {
 
 const void* network_source(Runtime& runtime, const void* source, size_t bytes,
-                           size_t registered_offset, cudaStream_t stream) {
+                           size_t registered_offset, cudaStream_t stream, size_t& staged) {
   if (!runtime.needs_registered_sources() || bytes == 0) return source;
-  uint8_t* staged = runtime.registered() + registered_offset;
-  HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(staged, source, bytes, cudaMemcpyDeviceToDevice, stream));
-  return staged;
+  if (runtime.pool() && runtime.pool()->holds(source, bytes)) return source;
+  uint8_t* copy = runtime.registered() + registered_offset;
+  HYBRID_EP_CUDA_CHECK(cudaMemcpyAsync(copy, source, bytes, cudaMemcpyDeviceToDevice, stream));
+  staged += bytes;
+  return copy;
 }
 
 void RowCopies::add_outside(void* dst, const void* src, size_t row_bytes, int rows, RowRange skip) {

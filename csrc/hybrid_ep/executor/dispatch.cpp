@@ -59,7 +59,7 @@ void publish_dispatch_targets(Runtime& runtime, const DispatchCall& call, cudaSt
 
 }  // namespace
 
-void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream) {
+size_t run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream) {
   const RuntimeConfig& c = runtime.config();
   const BufferLayout& l = runtime.layout();
   const BufferShape& s = runtime.shape();
@@ -117,12 +117,14 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
   p.net_hidden = call.hidden;
   p.net_scales_src = call.scales;
   const size_t tokens = size_t(std::max(0, std::min(call.num_tokens, T)));
+  size_t staged = 0;
   if (c.nodes > 1 && tokens > 0) {
-    p.net_hidden = static_cast<const uint8_t*>(
-        network_source(runtime, call.hidden, tokens * call.row_bytes, l.staged_rows, stream));
+    p.net_hidden = static_cast<const uint8_t*>(network_source(
+        runtime, call.hidden, tokens * call.row_bytes, l.staged_rows, stream, staged));
     if (call.scales != nullptr) {
-      p.net_scales_src = static_cast<const float*>(network_source(
-          runtime, call.scales, tokens * call.scale_cols * sizeof(float), l.staged_scales, stream));
+      p.net_scales_src = static_cast<const float*>(
+          network_source(runtime, call.scales, tokens * call.scale_cols * sizeof(float),
+                         l.staged_scales, stream, staged));
     }
   }
   if (call.own.rows != nullptr) {
@@ -158,6 +160,7 @@ void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t strea
                  f.out_probs,        f.out_scales};
   }
   launch_dispatch(p, stream);
+  return staged;
 }
 
 void copy_dispatched(Runtime& runtime, const DispatchOutput& out, cudaStream_t stream) {

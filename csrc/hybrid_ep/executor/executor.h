@@ -89,7 +89,8 @@ struct FusedPermuteCall {
 // the zero-copy outputs each destination published. Inside one domain every dispatch starts by
 // publishing this rank's targets and releasing its receive region: its reads of the previous
 // dispatch's rows (copy_dispatched, run_permute, the fused permute) are behind in stream order.
-void run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream);
+// Returns the bytes staged for the network's puts (network_source).
+size_t run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream);
 
 struct DispatchOutput {
   uint8_t* rows;  // [rows, row_bytes]
@@ -187,10 +188,11 @@ void claim_combine_input(Runtime& runtime, cudaStream_t stream);
 // Copies between the caller's tensors and the registered buffer (buffer_copies.cpp).
 
 // Where a network put may read `bytes` of `source` from: `source` itself, or, when the backend's
-// puts read only registered memory (Runtime::needs_registered_sources), a copy of it enqueued
-// at `registered_offset` of this rank's registered buffer.
+// puts read only registered memory (Runtime::needs_registered_sources) and `source` is not in
+// the zero-copy pool (registered: the caller's tensor from empty_zero_copy), a copy of it
+// enqueued at `registered_offset` of this rank's registered buffer; `staged` counts its bytes.
 const void* network_source(Runtime& runtime, const void* source, size_t bytes,
-                           size_t registered_offset, cudaStream_t stream);
+                           size_t registered_offset, cudaStream_t stream, size_t& staged);
 
 // Rows of several tensors copied between the caller's tensors and the registered buffer, all
 // in one kernel launch (kernels/segment_copy.cu).

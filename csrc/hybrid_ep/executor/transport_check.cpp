@@ -81,8 +81,9 @@ void run_network_send_check(Runtime& runtime, const bool* goes, const uint8_t* r
   p.transport = runtime.transport();
   p.goes = goes;
   // Puts read what dispatch's network leg reads: the rows staged where the backend needs them.
+  size_t staged = 0;
   p.rows = static_cast<const uint8_t*>(
-      network_source(runtime, rows, size_t(num_tokens) * row_bytes, l.staged_rows, stream));
+      network_source(runtime, rows, size_t(num_tokens) * row_bytes, l.staged_rows, stream, staged));
   p.num_tokens = num_tokens;
   p.chunk = c.dispatch_chunk;
   p.row_bytes = row_bytes;

@@ -43,7 +43,7 @@ BufferShape shape_of(const RuntimeConfig& config) {
                      net_ring_chunks_for(config.net_ring_chunks, config.nodes,
                                          config.dispatch_chunk, chunks, row_bytes),
                      received,
-                     config.nodes == 1 ? config.zero_copy_pool_bytes : 0};
+                     config.zero_copy_pool_bytes};
 }
 
 Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
@@ -149,7 +149,7 @@ void Runtime::open_peers(const std::vector<std::string>& handles) {
 }
 
 bool Runtime::needs_registered_sources() const {
-  return hybrid_ep::needs_registered_sources(*transport_);
+  return config_.stage_network_sources || hybrid_ep::needs_registered_sources(*transport_);
 }
 
 void Runtime::connect_transport(const std::vector<std::string>& blobs) {

@@ -59,6 +59,9 @@ struct RuntimeConfig {
   // combine back, so the other domains' senders time out at their credit wait.
   bool withhold_dispatch_credits = false;
   bool withhold_combine_credits = false;
+  // HYBRID_EP_FAULT=stage_network_sources (tests only): treat this build's puts as reading only
+  // registered memory, as doca's do, so that a p2p build runs the network sources' staging.
+  bool stage_network_sources = false;
   // The transport backend's settings (TransportSetup::options), filled by the Python layer.
   std::map<std::string, std::string> transport_options;
 };
