@@ -256,7 +256,7 @@ class HybridEPBuffer:
         stamp = CallStamp(caller, engine=engine.name, fp8=v.is_fp8(hidden),
                           width=hidden.shape[1], probs=probs is not None,
                           scales=scaling_factor is not None,
-                          handle=made.handle_id or 0 if made is not None else 0,
+                          handle=(made.handle_id or 0) if made is not None else 0,
                           non_blocking=non_blocking, fused=fused)
         return DispatchRequest(
             stamp=stamp, config=self.config,

@@ -84,7 +84,7 @@ class ZeroCopyPool:
 
     def usable(self, runtime) -> bool:
         """Whether calls may use the pool now: not while a CUDA graph is captured (a replay
-        would write into blocks freed since). Dispatch outputs also need one domain."""
+        would write into blocks freed since)."""
         if not self.enabled or self._pool_bytes == 0:
             return False
         return not (_CUDA and torch.cuda.is_current_stream_capturing())
@@ -123,7 +123,7 @@ class ZeroCopyPool:
         if capsule is None:
             self.fell_back(runtime, size)
             return None
-        return torch.from_dlpack(capsule)[:size].view(dtype).view(shape)
+        return _from_dlpack(capsule).view(dtype).view(shape)
 
     def fell_back(self, runtime, wanted: int) -> None:
         self.stats.pool_fallbacks += 1

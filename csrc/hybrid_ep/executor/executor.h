@@ -86,9 +86,10 @@ struct FusedPermuteCall {
 };
 
 // Rows land in the registered buffers of their destination ranks, or inside one domain in
-// the zero-copy outputs each destination published. Inside one domain every dispatch starts by
-// publishing this rank's targets and releasing its receive region: its reads of the previous
-// dispatch's rows (copy_dispatched, run_permute, the fused permute) are behind in stream order.
+// the zero-copy outputs each destination published. Inside one domain of several ranks every
+// dispatch starts by publishing this rank's targets and releasing its receive region: its reads
+// of the previous dispatch's rows (copy_dispatched, run_permute, the fused permute) are behind
+// in stream order. Alone, the zero-copy outputs are its own rows' targets: nothing to publish.
 // Returns the bytes staged for the network's puts (network_source).
 size_t run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t stream);
 
@@ -173,10 +174,12 @@ struct CombineCall {
 // Barrier, stage this rank's rows into its registered buffer (a copy, or the fp32 unpermute
 // sums), barrier, pull-and-reduce kernel; with several domains the same kernel rounds each
 // domain's sums to the wire's width, puts each reduced chunk to its tokens' sources and adds
-// the domains' partials of this rank's own tokens as they arrive. Inside one domain the first
-// barrier is a one-way wait for the peers' reads of this rank's previous input (combine_pulled),
-// rows and probs that lie in the zero-copy pool are published instead of staged (peers pull
-// them in place), and then the same wait follows the kernel. Returns the bytes staged by copy.
+// the domains' partials of this rank's own tokens as they arrive. Inside one domain of several
+// ranks the first barrier is a one-way wait for the peers' reads of this rank's previous input
+// (combine_pulled), rows and probs that lie in the zero-copy pool are published instead of
+// staged (peers pull them in place), and for such an input the same wait follows the kernel;
+// without a staging copy the wait, publish and barrier are one launch (launch_combine_start).
+// Returns the bytes staged by copy.
 size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t stream);
 
 // The first step of a combine, taken early so that the caller may write its expert outputs

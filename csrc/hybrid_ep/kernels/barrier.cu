@@ -152,7 +152,7 @@ __global__ void receive_publish_kernel(DomainView d, size_t targets, ReceiveTarg
   }
   __syncthreads();
   const int j = threadIdx.x;
-  if (d.ranks == 1 || j >= d.ranks || j == d.local_rank) return;
+  if (j >= d.ranks || j == d.local_rank) return;
   wait_until(reinterpret_cast<const uint64_t*>(d.peer(j) + releases), released, d,
              WaitSite::kReceiveRelease, j, 0);
 }
