@@ -1,6 +1,6 @@
 // A warp's copy between device addresses another process may own (a peer's mapped buffer):
-// kUnroll 16-byte loads per lane in flight before their stores, bytes when unaligned. One load
-// then one store per round left a warp at about 1 GB/s, which bounded the network leg.
+// up to kUnroll 16-byte loads per lane in flight before their stores, bytes when unaligned. One
+// load then one store per round left a warp at about 1 GB/s, which bounded the network leg.
 #pragma once
 
 #include <cstddef>
@@ -22,15 +22,22 @@ __device__ __forceinline__ void warp_copy(void* dst, const void* src, size_t byt
   uint4* d = static_cast<uint4*>(dst);
   const uint4* s = static_cast<const uint4*>(src);
   const size_t count = bytes / 16;
-  size_t i = lane;
-  for (; i + (kUnroll - 1) * 32 < count; i += kUnroll * 32) {
+  // Every round keeps each lane's kUnroll loads in flight, the last (partial) one too: a tail
+  // copied a vector at a time left one lane running 8 serial load-store pairs for a 4080-byte
+  // piece while the warp waited (the eager form's tiles, run s19e).
+  for (size_t base = 0; base < count; base += kUnroll * 32) {
     uint4 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = s[i + u * 32];
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + u * 32 + lane;
+      if (i < count) v[u] = s[i];
+    }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) d[i + u * 32] = v[u];
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + u * 32 + lane;
+      if (i < count) d[i] = v[u];
+    }
   }
-  for (; i < count; i += 32) d[i] = s[i];
 }
 
 // The signal of a peer whose buffer is mapped: every lane's earlier stores, then lane 0's
