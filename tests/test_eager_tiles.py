@@ -1,4 +1,4 @@
-"""The eager form's tile layout (csrc/hybrid_ep/kernels/common/eager_tiles.h), through the
+"""The eager form's tile layout (csrc/hybrid_ep/memory/eager_tiles.h), through the
 binding that runs the kernels' own functions on the host, against its definition: 4 KiB tiles
 of up to 4080 data bytes and a 16-byte signal after them (16-byte aligned), one record per row
 (data, probs, FP8 scales, each from a 16-byte boundary), signal values from the call's epoch

@@ -107,6 +107,48 @@ def test_rings_hold_k_chunks_per_other_domain(world, ranks, ring, slots):
     assert plan["total"] == C.Runtime.bytes_for(rc)
 
 
+@pytest.mark.parametrize("world,ranks,ring", [(4, 2, 1), (8, 2, 3), (8, 4, None)])
+def test_eager_rings_hold_records_in_tiles(world, ranks, ring):
+    """HYBRID_EP_EAGER: each of the (N - 1) x K slots of net_rows holds a chunk's records (the
+    widest: a BF16 row with its probs, or an FP8 row with probs and scales) in whole 4 KiB tiles
+    of 4080 data bytes; net_probs and net_scales are empty; the runtime allocates the same."""
+    hidden, tokens, chunk = 1024, 500, 64
+    options = {} if ring is None else {"net_ring_chunks": ring}
+    plan = hybrid_ep.memory_plan(world, ranks, hidden, tokens, 2, combine_wire="bf16",
+                                 num_of_tokens_per_chunk_dispatch_api=chunk, eager=True,
+                                 **options)
+    slots = (world // ranks - 1) * (ring or 8)
+    probs = 2 * ranks * 4
+    record = max(hidden * 2 + probs, hidden + probs + hidden // 128 * 4)
+    slot = -(-(chunk * record) // 4080) * 4096
+    assert plan["net_rows"] == slots * slot
+    assert plan["net_probs"] == plan["net_scales"] == 0
+    assert plan["eager_epoch"] == 16
+    C = native.module()
+    rc = C.RuntimeConfig()
+    rc.world, rc.ranks, rc.nodes = world, ranks, world // ranks
+    rc.hidden, rc.max_tokens, rc.experts_per_rank, rc.dispatch_chunk = hidden, tokens, 2, chunk
+    rc.net_ring_chunks = 0 if ring is None else ring
+    rc.eager = True
+    assert plan["total"] == C.Runtime.bytes_for(rc)
+    signalled = hybrid_ep.memory_plan(world, ranks, hidden, tokens, 2, combine_wire="bf16",
+                                      num_of_tokens_per_chunk_dispatch_api=chunk, eager=False,
+                                      **options)
+    assert signalled["net_probs"] > 0 and signalled["net_rows"] < plan["net_rows"]
+
+
+def test_eager_follows_the_environment_and_is_checked(monkeypatch):
+    monkeypatch.setenv("HYBRID_EP_EAGER", "1")
+    assert hybrid_ep.memory_plan(8, 2, 1024, 500, 2)["net_probs"] == 0
+    monkeypatch.setenv("HYBRID_EP_EAGER", "0")
+    assert hybrid_ep.memory_plan(8, 2, 1024, 500, 2)["net_probs"] > 0
+    with pytest.raises(TypeError, match="eager"):
+        hybrid_ep.memory_plan(8, 2, 1024, 500, 2, eager="yes")
+    monkeypatch.setenv("HYBRID_EP_EAGER", "on")
+    with pytest.raises(ValueError, match="HYBRID_EP_EAGER"):
+        hybrid_ep.memory_plan(8, 2, 1024, 500, 2)
+
+
 @pytest.mark.parametrize("nodes,slots", [(2, 64), (4, 64), (5, 64), (6, 14), (8, 10), (16, 4),
                                          (64, 1)])
 def test_default_ring_depth(nodes, slots):
@@ -355,26 +397,28 @@ def test_registered_bytes_on_the_reference_engine(pools):
     assert sizes[0] == sizes[1] and sizes[0][1] > sizes[0][0], sizes
 
 
-def ring_depth_disagreement() -> str:
-    """Runs on every rank of a 2-rank pool: rank 1 asks for another ring depth; every rank's
-    construction raises, naming the variable."""
+def disagreement(variable: str, value: str) -> str:
+    """Runs on every rank of a 2-rank pool: rank 1 sets ``variable`` to ``value``, which shapes
+    the layout; every rank's construction raises, naming the variable."""
     import os
 
     from cases.common import job_group, rank
 
     if rank() == 1:
-        os.environ["HYBRID_EP_NET_RING_CHUNKS"] = "2"
+        os.environ[variable] = value
     try:
         hybrid_ep.HybridEPBuffer(job_group(), hidden_dim=256, max_num_of_tokens_per_rank=8,
                                  num_local_experts=2, num_of_hybrid_ep_ranks_per_nvlink_domain=1)
     except ValueError as error:
         return str(error)
     finally:
-        os.environ.pop("HYBRID_EP_NET_RING_CHUNKS", None)
+        os.environ.pop(variable, None)
     return "constructed"
 
 
-def test_ring_depth_must_agree_across_ranks(pools):
-    messages = pools.run(2, "test_memory_plan", "ring_depth_disagreement")
+@pytest.mark.parametrize("variable,value", [("HYBRID_EP_NET_RING_CHUNKS", "2"),
+                                            ("HYBRID_EP_EAGER", "1")])
+def test_layout_settings_must_agree_across_ranks(pools, variable, value):
+    messages = pools.run(2, "test_memory_plan", "disagreement", variable=variable, value=value)
     for message in messages:
-        assert "HYBRID_EP_NET_RING_CHUNKS" in message and "disagree" in message, messages
+        assert variable in message and "disagree" in message, messages

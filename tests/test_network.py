@@ -130,12 +130,48 @@ def test_counts_of_two_sources_add_per_channel():
     """transport_stats() adds the CUDA engine's device counters to the reference's model."""
     from hybrid_ep.reference.network import ChannelStats, TransportStats
 
-    mine = TransportStats([ChannelStats(1, 2, 30), ChannelStats(0, 1, 0)])
-    both = mine.plus([{"puts": 4, "signals": 5, "bytes": 60}, {"puts": 0, "signals": 0,
-                                                             "bytes": 7}])
-    assert both.as_dict() == {"channels": [{"puts": 5, "signals": 7, "bytes": 90},
-                                           {"puts": 0, "signals": 1, "bytes": 7}],
-                              "puts": 5, "signals": 8, "bytes": 97}
+    mine = TransportStats([ChannelStats(1, 2, 30, 3), ChannelStats(0, 1, 0)])
+    both = mine.plus([{"puts": 4, "signals": 5, "bytes": 60, "eager_tiles": 2},
+                      {"puts": 0, "signals": 0, "bytes": 7, "eager_tiles": 0}])
+    assert both.as_dict() == {
+        "channels": [{"puts": 5, "signals": 7, "bytes": 90, "eager_tiles": 5},
+                     {"puts": 0, "signals": 1, "bytes": 7, "eager_tiles": 0}],
+        "puts": 5, "signals": 8, "bytes": 97, "eager_tiles": 5}
+
+
+def test_eager_dispatch_is_one_put_of_tiles_per_chunk_with_tokens_and_no_signal():
+    """HYBRID_EP_EAGER: a (chunk, domain) with n tokens is one put of n records in tiles of
+    4080 data bytes and a 16-byte signal (wire bytes, tiles counted apart), an empty one
+    nothing; the signalled form of the same routing puts runs and signals every chunk."""
+    from hybrid_ep.reference.network import (
+        RowWidths,
+        TransportStats,
+        count_dispatch_sends,
+        eager_record,
+        eager_tiles,
+    )
+
+    goes = torch.zeros(150, 2, dtype=torch.bool)
+    goes[0:5, 0] = True  # chunk 0: 5 tokens for the first other domain
+    goes[64:66, 0] = goes[70, 0] = True  # chunk 1: 3 tokens in two runs
+    widths = RowWidths(row=14336, probs=64, scales=0)
+    record = eager_record(widths)
+    assert record == 14336 + 64
+    eager = TransportStats.with_channels(1)
+    count_dispatch_sends(eager, goes, 150, 64, 4, widths, eager=True)
+    signalled = TransportStats.with_channels(1)
+    count_dispatch_sends(signalled, goes, 150, 64, 4, widths)
+    tiles5, wire5 = eager_tiles(5 * record)
+    tiles3, wire3 = eager_tiles(3 * record)
+    assert (tiles5, wire5) == (18, 17 * 4096 + (5 * record - 17 * 4080) + 16)
+    got = eager.as_dict()
+    assert (got["puts"], got["signals"], got["eager_tiles"], got["bytes"]) == \
+        (2, 0, tiles5 + tiles3, wire5 + wire3)
+    want = signalled.as_dict()
+    # Runs per tensor (rows, probs): 1 + 2; a signal per chunk (3) and other domain (2).
+    assert (want["puts"], want["signals"], want["eager_tiles"]) == (2 * 1 + 2 * 2, 3 * 2, 0)
+    assert eager_tiles(0) == (0, 0)
+    assert eager_tiles(4080) == (1, 4096) and eager_tiles(4081) == (2, 4096 + 32)
 
 
 @pytest.mark.parametrize("wire", ["bf16", "fp32"])

@@ -27,7 +27,8 @@ def test_missing_keys_take_the_defaults_and_off_is_none():
 
 @pytest.mark.parametrize("text", ["gbps", "gbps=fast", "bandwidth=50", "gbps=0", "gbps=-1",
                                   "rails=0", "rails=65", "rails=1.5", "latency_us=-1",
-                                  "op_ns=-3", "gbps=50;rails=1"])
+                                  "op_ns=-3", "gbps=50;rails=1", "atomic_rtt=2",
+                                  "atomic_rtt=yes"])
 def test_bad_specs_raise_naming_the_variable(text, monkeypatch):
     with pytest.raises(ValueError, match="HYBRID_EP_P2P_WIRE"):
         p2p_wire.parse(text)
@@ -39,8 +40,18 @@ def test_bad_specs_raise_naming_the_variable(text, monkeypatch):
 def test_transport_options_are_integer_femtoseconds_and_nanoseconds():
     spec = p2p_wire.WireSpec(gbps=50, latency_us=3, op_ns=400, rails=4)
     assert spec.transport_options() == {"wire_fs_per_byte": "20000", "wire_op_ns": "400",
-                                        "wire_latency_ns": "3000", "wire_rails": "4"}
+                                        "wire_latency_ns": "3000", "wire_rails": "4",
+                                        "wire_fence_ns": "6000"}
     assert p2p_wire.WireSpec(gbps=400).transport_options()["wire_fs_per_byte"] == "2500"
+
+
+def test_the_atomic_round_trip_is_a_fence_of_two_latencies_unless_turned_off():
+    """A signal after puts waits for their completion and one round trip (2 x latency) more, as
+    a multi-path NIC fences an atomic after writes; atomic_rtt=0 leaves the fence out."""
+    assert p2p_wire.parse("latency_us=5").transport_options()["wire_fence_ns"] == "10000"
+    off = p2p_wire.parse("latency_us=5,atomic_rtt=0")
+    assert off.atomic_rtt == 0 and off.transport_options()["wire_fence_ns"] == "0"
+    assert p2p_wire.parse(off.text()) == off
 
 
 def test_lower_bound_spreads_bytes_and_operations_over_the_rails_used():

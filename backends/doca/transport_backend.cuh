@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "hybrid_ep/transport/counting.cuh"
+#include "hybrid_ep/transport/eager_delivery.h"
 #include "hybrid_ep/transport/registered_source.cuh"
 #include "transport_backend.h"
 #include "wqe_batch.cuh"
@@ -81,6 +82,13 @@ struct TransportDevice {
   __device__ static void count_stored(const TransportContext& ctx, int channel, size_t bytes,
                                       int lane) {
     count_put(ctx.counters, channel, bytes, lane);
+  }
+
+  __device__ static EagerDelivery count_eager_stored(const TransportContext& ctx, int channel,
+                                                     size_t bytes, int64_t tiles, int lane) {
+    count_put(ctx.counters, channel, bytes, lane);
+    count_eager_tiles(ctx.counters, channel, tiles, lane);
+    return {};
   }
 };
 

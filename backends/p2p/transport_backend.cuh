@@ -41,6 +41,13 @@ struct TransportDevice {
     wire::record_put(ctx.wire, channel, bytes, lane);  // the kernel's stores stand for a put
     count_put(ctx.counters, channel, bytes, lane);
   }
+
+  __device__ static EagerDelivery count_eager_stored(const TransportContext& ctx, int channel,
+                                                     size_t bytes, int64_t tiles, int lane) {
+    count_put(ctx.counters, channel, bytes, lane);
+    count_eager_tiles(ctx.counters, channel, tiles, lane);
+    return wire::eager_put(ctx.wire, channel, bytes, lane);
+  }
 };
 
 }  // namespace hybrid_ep

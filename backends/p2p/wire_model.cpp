@@ -36,6 +36,9 @@ WireModel wire_model_from_options(const std::map<std::string, std::string>& opti
   wire.op_ns = number(options, "wire_op_ns", 0);
   wire.latency_ns = number(options, "wire_latency_ns", 0);
   wire.rails = int(number(options, "wire_rails", 1));
+  if (options.find("wire_fence_ns") != options.end()) {
+    wire.fence_ns = number(options, "wire_fence_ns", 0);
+  }
   if (wire.rails > 64) {
     throw std::invalid_argument("p2p transport: option wire_rails='" + options.at("wire_rails") +
                                 "', expected at most 64");

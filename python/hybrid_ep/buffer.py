@@ -13,7 +13,7 @@ import itertools
 import torch
 import torch.distributed as dist
 
-from . import compat
+from . import compat, transport_options
 from . import handle as handles
 from . import validation as v
 from .call_stamp import CallStamp
@@ -82,7 +82,8 @@ class HybridEPBuffer:
                                  "max_num_of_tokens_for_experts": max_num_of_tokens_for_experts,
                                  "net_ring_chunks": env.net_ring_chunks,
                                  "zero_copy": env.zero_copy,
-                                 "zero_copy_pool_mb": env.zero_copy_pool_mb}
+                                 "zero_copy_pool_mb": env.zero_copy_pool_mb,
+                                 "eager": env.eager}
         everyone = self._rendezvous.gather(CONSTRUCTION, facts)
         self._call_agreed = True
         # The ring depth, the zero-copy pool and the receive cap shape every rank's layout,
@@ -91,6 +92,7 @@ class HybridEPBuffer:
                          ("net_ring_chunks", "environment variable HYBRID_EP_NET_RING_CHUNKS"),
                          ("zero_copy", "environment variable HYBRID_EP_ZERO_COPY"),
                          ("zero_copy_pool_mb", "environment variable HYBRID_EP_ZERO_COPY_POOL_MB"),
+                         ("eager", "environment variable HYBRID_EP_EAGER"),
                          ("max_num_of_tokens_for_experts", "max_num_of_tokens_for_experts")):
             values = [f[key] for f in everyone]
             if len(set(values)) != 1:
@@ -176,8 +178,10 @@ class HybridEPBuffer:
     # -- shared steps ----------------------------------------------------------------------------
     def _new_reference(self, experts: int, sends: network.TransportStats) -> ReferenceEngine:
         env = self._env
+        eager = transport_options.eager_in_effect(transport_options.build_transport(),
+                                                  self.num_of_nodes, env)
         return ReferenceEngine(self.group, self.topology, experts, self._rendezvous, sends,
-                               env.timeout_s, env.combine_wire, env.prob_puts)
+                               env.timeout_s, env.combine_wire, env.prob_puts, eager)
 
     def _new_sends(self) -> network.TransportStats:
         return network.TransportStats.with_channels(self.config.num_channels)
@@ -270,11 +274,13 @@ class HybridEPBuffer:
 
     def transport_stats(self, reset: bool = False) -> dict:
         """Network counters of this rank's sends since the buffer was built (or last reset):
-        ``{"channels": [{"puts", "signals", "bytes"}, ...], "puts", "signals", "bytes"}``, one
-        entry per channel (HYBRID_EP_NUM_CHANNELS). Dispatch's network leg: one put per maximal
-        run of consecutive tokens per tensor (rows, probs, FP8 scales) and one signal per
-        (chunk, destination domain); combine's: the same for the fp32 partial sums and partial
-        probs going back. Calls inside one NVLink domain send nothing over the network. The CUDA
+        ``{"channels": [{"puts", "signals", "bytes", "eager_tiles"}, ...], "puts", "signals",
+        "bytes", "eager_tiles"}``, one entry per channel (HYBRID_EP_NUM_CHANNELS). Dispatch's
+        network leg: one put per maximal run of consecutive tokens per tensor (rows, probs, FP8
+        scales) and one signal per (chunk, destination domain), or in the eager form
+        (HYBRID_EP_EAGER=1) one put per (chunk, domain) with tokens, its 4 KiB tiles counted as
+        eager_tiles and no signal; combine's: the same as signalled dispatch for the partial sums
+        and partial probs going back. Calls inside one NVLink domain send nothing over the network. The CUDA
         engine reads its device counters (a synchronisation); the reference engine models them.
         Control traffic (barriers, the routing all-gather) is not counted."""
         sends = self._reference.sends

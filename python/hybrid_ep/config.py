@@ -76,6 +76,11 @@ ENV_VARS = (
     EnvVar("HYBRID_EP_PROB_PUTS", "run",
            "dispatch between domains: run puts a run of tokens' probs at once (restriped); token "
            "puts each token's probs on its own, as before the restripe (for comparison)"),
+    EnvVar("HYBRID_EP_EAGER", "0",
+           "several domains: 1 sends the dispatch's rows between domains in the eager form, "
+           "records in 4 KiB tiles that each carry their own signal (no signal after a chunk, "
+           "none for an empty one); p2p build only so far, other builds warn and signal "
+           "(docs/multi-domain.md, \"Eager form\")"),
     EnvVar("HYBRID_EP_NET_RING_CHUNKS", "auto",
            "several domains: chunk slots per other domain of the rings the rows and partials "
            "between domains land in (the receiver credits each consumed slot back); auto: every "
@@ -246,6 +251,7 @@ class EnvSettings:
     combine_wire: str = "bf16"  # bf16 or fp32
     p2p_wire: WireSpec | None = None  # HYBRID_EP_P2P_WIRE; None: off
     prob_puts: str = "run"  # run or token
+    eager: bool = False  # HYBRID_EP_EAGER
     net_ring_chunks: int = 0  # HYBRID_EP_NET_RING_CHUNKS; 0: automatic
     fault: str = "off"  # HYBRID_EP_FAULT (tests): off or FAULTS
     zero_copy: bool = True  # HYBRID_EP_ZERO_COPY (docs/zero-copy.md)
@@ -279,6 +285,7 @@ class EnvSettings:
             combine_wire=env_choice("HYBRID_EP_COMBINE_WIRE", "bf16", ("bf16", "fp32")),
             p2p_wire=p2p_wire.parse(_raw("HYBRID_EP_P2P_WIRE")),
             prob_puts=env_choice("HYBRID_EP_PROB_PUTS", "run", ("run", "token")),
+            eager=env_choice("HYBRID_EP_EAGER", "0", ("0", "1")) == "1",
             net_ring_chunks=net_ring_chunks_from_env(),
             fault=env_choice("HYBRID_EP_FAULT", "off", ("off", *FAULTS)),
             zero_copy=env_bool("HYBRID_EP_ZERO_COPY", True),

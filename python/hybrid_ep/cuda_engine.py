@@ -110,6 +110,8 @@ class CudaEngine(Engine):
         rc.combine_wire_fp32 = self.env.combine_wire == "fp32"
         rc.prob_puts_per_token = self.env.prob_puts == "token"
         rc.net_ring_chunks = self.env.net_ring_chunks
+        rc.eager = transport_options.eager_in_effect(
+            C.build_info()["transport"], self.topo.num_of_nodes, self.env)
         rc.withhold_dispatch_credits = self.env.fault == "withhold_dispatch_credits"
         rc.withhold_combine_credits = self.env.fault == "withhold_combine_credits"
         rc.stage_network_sources = self.env.fault == "stage_network_sources"

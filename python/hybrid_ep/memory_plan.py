@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from . import native
+from . import native, transport_options
 from . import validation as v
 from .config import env_bool, env_choice, env_int, net_ring_chunks_from_env, receive_rows
 from .topology import check_ranks_per_domain
@@ -21,7 +21,7 @@ REGIONS = ("routing", "staged_routing", "token_counts", "call_stamps", "barrier_
            "barrier_flags", "forward_flags",
            "dispatch_flags", "unpermute_flags", "network_flags", "combine_flags",
            "dispatch_credits", "combine_credits",
-           "net_barrier_flags", "receive_releases")
+           "net_barrier_flags", "receive_releases", "eager_epoch")
 # Regions only traffic between domains uses. The tiles are empty with one domain; the flag
 # tables keep one row per domain even then (this domain's, never used), so they count only
 # with several domains.
@@ -29,9 +29,9 @@ NETWORK_TILES = ("staged_routing", "net_rows", "net_probs", "net_scales", "restr
                  "staged_rows", "staged_scales", "partials", "partial_probs", "net_partials",
                  "net_partial_probs")
 NETWORK_FLAGS = ("network_flags", "combine_flags", "dispatch_credits", "combine_credits",
-                 "net_barrier_flags", "net_barrier_stamps")
+                 "net_barrier_flags", "net_barrier_stamps", "eager_epoch")
 _OPTIONS = ("combine_wire", "num_of_tokens_per_chunk_dispatch_api", "net_ring_chunks",
-            "max_num_of_tokens_for_experts", "zero_copy_pool_bytes")
+            "max_num_of_tokens_for_experts", "zero_copy_pool_bytes", "eager")
 _WIRES = ("bf16", "fp32")
 # Past this a region's size would no longer fit the layout's 64-bit arithmetic.
 _MAX_DOMINANT_BYTES = 2**58
@@ -48,7 +48,8 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
     only traffic between NVLink domains uses: the regions ``NETWORK_TILES`` (staged_routing,
     net_rows, net_probs, net_scales, restriped_probs, staged_rows, staged_scales, partials,
     partial_probs, net_partials, net_partial_probs) plus, with several domains, the flag tables
-    ``NETWORK_FLAGS`` (network_flags, combine_flags, net_barrier_flags, net_barrier_stamps;
+    ``NETWORK_FLAGS`` (network_flags, combine_flags, net_barrier_flags, net_barrier_stamps,
+    eager_epoch;
     with one domain they hold only this domain's unused row, so ``network`` is 0); and
     ``total``, the bytes allocated (``Runtime.bytes_for``), alignment padding included: the
     regions sum to ``total`` less that padding (at most 255 bytes per region).
@@ -69,6 +70,9 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
       zero_copy_pool_bytes: the zero-copy pool (docs/zero-copy.md) (default: none with
         HYBRID_EP_ZERO_COPY=0, HYBRID_EP_ZERO_COPY_POOL_MB when set, else inside one domain 4
         dispatches' outputs at the receive cap and with several domains none).
+      eager: True for the eager form between domains (HYBRID_EP_EAGER, docs/multi-domain.md):
+        net_rows then holds every chunk's records in tiles and net_probs, net_scales are empty
+        (default: HYBRID_EP_EAGER, else False; as in a buffer, only the p2p build has the form).
 
     It reports what the layout needs at any size: the CUDA engine's limit of 64 ranks per
     group does not apply. Unknown options raise TypeError; a bad value raises ValueError (or
@@ -113,8 +117,14 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
                           env_int("HYBRID_EP_ZERO_COPY_POOL_MB", None, 1, 1 << 30), received,
                           hidden, experts, ranks)
     pool = v.require_int("zero_copy_pool_bytes", pool, minimum=0)
+    eager = options.get("eager")
+    if eager is None:
+        eager = (env_choice("HYBRID_EP_EAGER", "0", ("0", "1")) == "1"
+                 and transport_options.build_transport() in transport_options.EAGER_BUILDS)
+    elif not isinstance(eager, bool):
+        raise TypeError(f"eager={eager!r}: expected True or False")
     sizes = native.module().buffer_layout(world, ranks, experts, tokens, hidden, chunk,
-                                          wire == "fp32", ring, received, pool)
+                                          wire == "fp32", ring, received, pool, eager)
     plan = {name: int(size) for name, size in sizes.items()
             if name not in ("total", "net_ring_chunks")}
     network = sum(plan[name] for name in NETWORK_TILES)

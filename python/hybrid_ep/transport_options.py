@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+from . import native
 from .backends import doca
 
 
@@ -33,6 +36,37 @@ def wire_options(transport: str, nodes: int, env) -> dict[str, str]:
                          f"network emulation exists in the p2p build only, this build's transport "
                          f"is {transport}; unset it")
     return env.p2p_wire.transport_options()
+
+
+# Builds whose dispatch has the eager form between domains (HYBRID_EP_EAGER): the p2p build,
+# whose per-tile signal is a release store after the tile's data. The RDMA builds put the same
+# layout only once they check the ordering their NICs need (issue 35's next step); until then
+# they keep signalling each chunk.
+EAGER_BUILDS = ("p2p",)
+
+_warned_eager: set[str] = set()
+
+
+def build_transport() -> str:
+    """This build's transport; without the compiled core (the reference engine alone) the
+    default build's, p2p, whose counters the reference engine then models."""
+    C = native.load()
+    return "p2p" if isinstance(C, ImportError) else C.build_info()["transport"]
+
+
+def eager_in_effect(transport: str, nodes: int, env) -> bool:
+    """Whether a buffer's dispatch between domains uses the eager form: HYBRID_EP_EAGER=1, several
+    domains and a build that has it; another build warns once and signals as before."""
+    if not env.eager or nodes == 1:
+        return False
+    if transport in EAGER_BUILDS:
+        return True
+    if transport not in _warned_eager:
+        _warned_eager.add(transport)
+        warnings.warn(f"HYBRID_EP_EAGER=1: the {transport} build has no eager form yet (only "
+                      f"{', '.join(EAGER_BUILDS)}); its dispatch signals each chunk as before",
+                      RuntimeWarning, stacklevel=3)
+    return False
 
 
 def runtime_options(transport: str, nodes: int, env, config, device) -> dict[str, str]:

@@ -1,11 +1,11 @@
 // hybrid_ep._C.eager_tiles and eager_signal_value: the eager form's tile layout
-// (kernels/common/eager_tiles.h) computed by the kernels' own functions, with no GPU.
+// (memory/eager_tiles.h) computed by the kernels' own functions, with no GPU.
 #include "hybrid_ep/bindings/eager_tiles.h"
 
 #include <cstdint>
 #include <stdexcept>
 
-#include "hybrid_ep/kernels/common/eager_tiles.h"
+#include "hybrid_ep/memory/eager_tiles.h"
 
 namespace py = pybind11;
 

@@ -27,8 +27,8 @@ namespace {
 
 py::dict buffer_layout(int64_t world, int64_t ranks, int64_t experts_per_rank, int64_t max_tokens,
                        int64_t hidden, int64_t dispatch_chunk, bool combine_wire_fp32,
-                       int64_t net_ring_chunks, int64_t max_received,
-                       int64_t zero_copy_pool_bytes) {
+                       int64_t net_ring_chunks, int64_t max_received, int64_t zero_copy_pool_bytes,
+                       bool eager) {
   // The Python layer names the argument; these only keep make() from dividing by zero.
   if (world < 1 || ranks < 1 || experts_per_rank < 1 || max_tokens < 1 || hidden < 1 ||
       dispatch_chunk < 1 || net_ring_chunks < 0) {
@@ -60,6 +60,7 @@ py::dict buffer_layout(int64_t world, int64_t ranks, int64_t experts_per_rank, i
   config.net_ring_chunks = int(net_ring_chunks);
   config.max_received = max_received;
   config.zero_copy_pool_bytes = zero_copy_pool_bytes;
+  config.eager = eager;
   const BufferShape shape = shape_of(config);
   const BufferLayout layout = BufferLayout::make(shape);
   py::dict out;
@@ -110,11 +111,12 @@ void register_layout(py::module_& m) {
   m.def("buffer_layout", &buffer_layout, py::arg("world"), py::arg("ranks"),
         py::arg("experts_per_rank"), py::arg("max_tokens"), py::arg("hidden"),
         py::arg("dispatch_chunk"), py::arg("combine_wire_fp32"), py::arg("net_ring_chunks") = 0,
-        py::arg("max_received") = 0, py::arg("zero_copy_pool_bytes") = 0,
+        py::arg("max_received") = 0, py::arg("zero_copy_pool_bytes") = 0, py::arg("eager") = false,
         "Bytes of each region of the registered buffer a Runtime of this config allocates, in "
         "layout order (without alignment padding), and 'total' (Runtime.bytes_for, with it). "
         "max_received: rows of the in-domain receive regions (0: world x max_tokens); "
-        "zero_copy_pool_bytes: the zero-copy pool.");
+        "zero_copy_pool_bytes: the zero-copy pool; eager: the rows between domains in the eager "
+        "form's tiles (HYBRID_EP_EAGER).");
   m.def("pack_routing", &pack_routing, py::arg("map"), py::arg("tokens"), py::arg("domain_cols"),
         py::arg("domain"),
         "The all-gather's words [tokens * words] of domain `domain` of a bool routing map given "

@@ -88,6 +88,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("fabric", &RuntimeConfig::fabric)
       .def_readwrite("combine_wire_fp32", &RuntimeConfig::combine_wire_fp32)
       .def_readwrite("prob_puts_per_token", &RuntimeConfig::prob_puts_per_token)
+      .def_readwrite("eager", &RuntimeConfig::eager)
       .def_readwrite("net_ring_chunks", &RuntimeConfig::net_ring_chunks)
       .def_readwrite("withhold_dispatch_credits", &RuntimeConfig::withhold_dispatch_credits)
       .def_readwrite("stage_network_sources", &RuntimeConfig::stage_network_sources)
@@ -122,6 +123,7 @@ void register_runtime(py::module_& m) {
                d["puts"] = c.puts;
                d["signals"] = c.signals;
                d["bytes"] = c.bytes;
+               d["eager_tiles"] = c.eager_tiles;
                out.append(d);
              }
              return out;

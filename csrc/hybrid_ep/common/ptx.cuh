@@ -94,6 +94,20 @@ __device__ __forceinline__ void add_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Release fence for the system scope: orders this thread's earlier writes (and those it
+// observed, e.g. its warp's before a __syncwarp) before its later ones for other processes;
+// lighter than __threadfence_system's sequentially consistent fence.
+__device__ __forceinline__ void fence_acq_rel_sys() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
+// One 16-byte store of two words (a 16-byte aligned `p`), relaxed at the system scope.
+__device__ __forceinline__ void store_pair_relaxed_sys(uint64_t* p, uint64_t first,
+                                                       uint64_t second) {
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(first), "l"(second)
+               : "memory");
+}
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -92,6 +92,10 @@ size_t run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t str
   p.chunk = c.dispatch_chunk;
   p.max_chunks = (T + c.dispatch_chunk - 1) / c.dispatch_chunk;
   p.side_by_tma = dispatch_side_data_by_tma(p);
+  // Before the stages: an eager record's side data takes room in every stage.
+  p.eager = s.eager;
+  p.eager_slot_bytes = s.eager_slot_bytes();
+  p.eager_epoch = l.eager_epoch;
   p.stages = runtime.dispatch_stages(dispatch_stage_bytes(p));
   p.dispatch_rows = l.dispatch_rows;
   p.dispatch_probs = l.dispatch_probs;

@@ -24,11 +24,13 @@
 #include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
 #include "hybrid_ep/kernels/common/domains.cuh"
+#include "hybrid_ep/kernels/common/eager_epoch.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
 #include "hybrid_ep/kernels/common/smem_plan.h"
+#include "hybrid_ep/kernels/dispatch_eager.cuh"
 #include "hybrid_ep/kernels/dispatch_network.cuh"
 #include "hybrid_ep/kernels/dispatch_permute.cuh"
 #include "hybrid_ep/kernels/dispatch_walk.cuh"
@@ -61,22 +63,27 @@ __device__ __forceinline__ int network_warp_index(int warp) { return warp - 1 - 
 
 __host__ __device__ constexpr int align_up(int v, int a) { return (v + a - 1) / a * a; }
 
-// What one ring stage holds, and where.
+// What one ring stage holds, and where: a row, then its probs and scales where the ring carries
+// them (by TMA from 16-byte aligned tensors, or an eager record, whose parts sit exactly so).
 struct StageLayout {
-  int row_bytes, prob_bytes, scale_bytes;  // side bytes are 0 when not carried by TMA
+  int row_bytes, prob_bytes, scale_bytes;  // side bytes are 0 when the ring never carries them
   int prob_at, scale_at, stride;
 
   __host__ __device__ static StageLayout make(const DispatchParams& p) {
     StageLayout s{};
+    const bool side = p.side_by_tma || p.eager;
     s.row_bytes = p.row_bytes;
-    s.prob_bytes = p.side_by_tma && p.probs != nullptr ? p.prob_cols * 4 : 0;
-    s.scale_bytes = p.side_by_tma && p.scales != nullptr ? p.scale_cols * 4 : 0;
+    s.prob_bytes = side && p.probs != nullptr ? p.prob_cols * 4 : 0;
+    s.scale_bytes = side && p.scales != nullptr ? p.scale_cols * 4 : 0;
     s.prob_at = align_up(s.row_bytes, 16);
     s.scale_at = s.prob_at + align_up(s.prob_bytes, 16);
     s.stride = align_up(s.scale_at + s.scale_bytes, 128);
     return s;
   }
-  __host__ __device__ int bytes() const { return row_bytes + prob_bytes + scale_bytes; }
+  // Bytes a row brings with its side data (`side`) or without.
+  __host__ __device__ int bytes(bool side) const {
+    return row_bytes + (side ? prob_bytes + scale_bytes : 0);
+  }
 };
 
 // Where rows for one local rank land: the regions of its registered buffer, or (this rank's
@@ -109,11 +116,11 @@ __device__ __forceinline__ RowTargets row_targets(const DispatchParams& p, int j
 __host__ __device__ constexpr int run_count(int chunk) { return (chunk + 1) / 2; }
 
 // The block's shared memory, one plan for the carve and the size: the ring, then the rows'
-// targets, the routes of two chunks (the loader's, the store warps'), the network warps' runs
-// and the chunk arrivals.
+// targets, the routes of two chunks (the loader's, the store warps'), the network warps' runs,
+// the chunk arrivals and the eager epoch.
 struct SmemParts {
   SmemPlan plan;
-  size_t targets = 0, routes = 0, runs = 0, arrivals = 0;  // offsets
+  size_t targets = 0, routes = 0, runs = 0, arrivals = 0, epoch = 0;  // offsets
 
   __host__ __device__ static SmemParts make(int stride, int stages, int chunk, int ranks) {
     SmemParts m{SmemPlan(stride, stages)};
@@ -121,6 +128,7 @@ struct SmemParts {
     m.routes = m.plan.place<int32_t>(2 * size_t(chunk) * ranks);
     m.runs = m.plan.place<TokenRun>(size_t(run_count(chunk)) * kNetworkWarps);
     m.arrivals = m.plan.place<int>(4);
+    m.epoch = m.plan.place<uint64_t>(1);
     return m;
   }
   __host__ __device__ static SmemParts of(const DispatchParams& p) {
@@ -137,6 +145,7 @@ struct Smem {
   TokenRun* runs;        // the network warps' scratch, run_count(chunk) each
   int* chunk_arrivals;   // [2] fused with permute: store warps done with a chunk, by parity
   int* credit_arrivals;  // [2] several domains: store warps done with a peer's chunk, by parity
+  uint64_t* epoch;       // the eager form's epoch of this kernel (EagerEpoch)
   StageLayout layout;
 };
 
@@ -152,6 +161,7 @@ __device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
   s.runs = reinterpret_cast<TokenRun*>(base + m.runs);
   s.chunk_arrivals = reinterpret_cast<int*>(base + m.arrivals);
   s.credit_arrivals = s.chunk_arrivals + 2;
+  s.epoch = reinterpret_cast<uint64_t*>(base + m.epoch);
   return s;
 }
 
@@ -181,6 +191,11 @@ __device__ __forceinline__ uint32_t leaving_tokens(const ChunkRoutes& routes, in
   return __ballot_sync(~0u, k < tokens && any_destination(routes.token(k), routes.ranks, skip));
 }
 
+// Whether chunk c of domain `node` came in the eager form (a peer's, HYBRID_EP_EAGER).
+__device__ __forceinline__ bool is_eager(const DispatchParams& p, int node) {
+  return p.eager && node != p.domain.node_rank;
+}
+
 // Loader warp: the ring producer (lane 0 issues, the warp stages the routes and finds the
 // tokens that leave). Returns the ring items it produced.
 __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) {
@@ -196,8 +211,19 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
     __syncwarp();  // lane 0 is done with the previous chunk's routes
     s.loader_routes.load(src.routes, r.first, r.last, lane, 32);
     __syncwarp();
-    const bool arrived = lane != 0 || chunk_arrived(p, node, c);
+    bool arrived = lane != 0 || chunk_arrived(p, node, c);
     const int tokens = r.last - r.first;
+    const bool eager = is_eager(p, node);
+    EagerReader reader{};
+    if (eager) {  // its records: the chunk's tokens that come here, in order
+      int records = 0;
+      for (int base = 0; base < tokens; base += 32) {
+        records += __popc(leaving_tokens(s.loader_routes, base, tokens, skip, lane));
+      }
+      reader = EagerReader::of(src.rows, records, p.row_bytes, s.layout.prob_bytes,
+                               s.layout.scale_bytes, eager_signal_value(*s.epoch, uint32_t(c)));
+    }
+    int64_t record = 0;
     for (int base = 0; base < tokens; base += 32) {
       const uint32_t leaving = leaving_tokens(s.loader_routes, base, tokens, skip, lane);
       item += __popc(leaving);
@@ -207,17 +233,23 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
         const int stage = at.stage;
         s.ring.acquire(at);
         at.advance(1, s.ring.stages);
+        if (eager && arrived) arrived = reader.wait_record(record, p.domain, node, c);
         if (!arrived) {
           s.ring.skip(stage);
           continue;
         }
-        s.ring.expect(stage, s.layout.bytes());
+        if (eager) {
+          s.ring.expect(stage, uint32_t(reader.payload.record));
+          reader.load(s.ring, stage, record++);
+          continue;
+        }
+        s.ring.expect(stage, s.layout.bytes(p.side_by_tma));
         s.ring.load(stage, 0, src.rows + int64_t(t) * p.row_bytes, p.row_bytes);
-        if (s.layout.prob_bytes) {
+        if (p.side_by_tma && s.layout.prob_bytes) {
           s.ring.load(stage, s.layout.prob_at, src.probs + int64_t(t) * src.prob_stride,
                       s.layout.prob_bytes);
         }
-        if (s.layout.scale_bytes) {
+        if (p.side_by_tma && s.layout.scale_bytes) {
           s.ring.load(stage, s.layout.scale_at, src.scales + int64_t(t) * p.scale_cols,
                       s.layout.scale_bytes);
         }
@@ -248,6 +280,22 @@ __device__ __forceinline__ void store_side_data_by_lanes(const DispatchParams& p
 // had cost the TMA unit more than the lanes cost (1 rank x 8 SMs: BF16 164.2 -> 159.8 us).
 __device__ __forceinline__ void store_staged_side_data(const Smem& s, const uint8_t* stage,
                                                        const RowTargets& to, int row, int lane) {
+  if (((s.layout.prob_bytes | s.layout.scale_bytes) & 15) != 0) {
+    // Only an eager record brings side data whose rows are not 16-byte multiples: by floats.
+    const int prob_floats = s.layout.prob_bytes / 4;
+    const int floats = prob_floats + s.layout.scale_bytes / 4;
+    for (int v = lane - 1; v >= 0 && v < floats; v += 31) {
+      const bool prob = v < prob_floats;
+      const int at = prob ? v : v - prob_floats;
+      const float value =
+          reinterpret_cast<const float*>(stage + (prob ? s.layout.prob_at : s.layout.scale_at))[at];
+      float* dst = prob ? reinterpret_cast<float*>(to.probs) + int64_t(row) * prob_floats + at
+                        : reinterpret_cast<float*>(to.scales) +
+                              int64_t(row) * (s.layout.scale_bytes / 4) + at;
+      *dst = value;
+    }
+    return;
+  }
   const int prob_vectors = s.layout.prob_bytes / 16;
   const int vectors = prob_vectors + s.layout.scale_bytes / 16;
   for (int v = lane - 1; v >= 0 && v < vectors; v += 31) {
@@ -354,6 +402,7 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
     fetch(next, k + 1);
     bool stored = false;  // by this warp, of this chunk
     const int tokens = r.last - r.first;
+    const bool staged_side = p.side_by_tma || is_eager(p, node);
     for (int base = 0; base < tokens; base += 32) {
       const uint32_t leaving = leaving_tokens(s.store_routes, base, tokens, skip, lane);
       const int n = __popc(leaving);
@@ -372,7 +421,7 @@ __device__ uint32_t store_rows(const DispatchParams& p, const Smem& s, int w, in
             ptx::bulk_store(to.rows + int64_t(rows[j]) * p.row_bytes, s.ring.stage(stage),
                             p.row_bytes);
           }
-          if (p.side_by_tma) {
+          if (staged_side) {
             store_staged_side_data(s, s.ring.stage(stage), to, rows[j], lane);
           } else {
             store_side_data_by_lanes(p, src, t, to, rows[j], lane);
@@ -473,6 +522,10 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
   if (threadIdx.x == 0) {
     for (int i = 0; i < 4; ++i) s.chunk_arrivals[i] = 0;  // and credit_arrivals
     s.ring.init();
+    *s.epoch = p.eager
+                   ? EagerEpoch{reinterpret_cast<uint64_t*>(p.domain.self() + p.eager_epoch)}.take(
+                         int(gridDim.x))
+                   : 0;
   }
   // One warp reads where each receiver's rows land (published before the launch: the publish
   // kernel waited for every receiver's release), before any warp takes its role.
@@ -493,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
       case Role::kNetwork:
         if (p.domain.nodes > 1) {
           const int w = network_warp_index(warp);
-          send_own_chunks(p, s.runs + w * run_count(p.chunk), w, kNetworkWarps, lane);
+          send_own_chunks(p, *s.epoch, s.runs + w * run_count(p.chunk), w, kNetworkWarps, lane);
         }
         break;
     }

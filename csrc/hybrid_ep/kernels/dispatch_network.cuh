@@ -6,6 +6,7 @@
 #include "hybrid_ep/kernels/common/domains.cuh"
 #include "hybrid_ep/kernels/common/ring_credits.cuh"
 #include "hybrid_ep/kernels/network_send.cuh"
+#include "hybrid_ep/kernels/network_send_eager.cuh"
 #include "hybrid_ep/kernels/params.h"
 
 namespace hybrid_ep {
@@ -13,9 +14,10 @@ namespace hybrid_ep {
 // Network warp `w` of `warps` (several domains): its share of this block's (chunk, other domain)
 // pairs, the runs of this rank's tokens of the chunk that go to that domain's peer, on channel
 // blockIdx.x % channels. Chunk c waits for the credit of chunk c - K (its slot's previous
-// chunk); a wait that timed out sends all the same, so that the receiver does not hang.
-inline __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, int w, int warps,
-                                       int lane) {
+// chunk); a wait that timed out sends all the same, so that the receiver does not hang. In the
+// eager form (p.eager) the chunk goes as records in tiles, signalled with `epoch`'s values.
+inline __device__ void send_own_chunks(const DispatchParams& p, uint64_t epoch, TokenRun* runs,
+                                       int w, int warps, int lane) {
   const DomainView& d = p.domain;
   const int T = p.max_tokens;
   const int K = p.ring_chunks;
@@ -34,6 +36,22 @@ inline __device__ void send_own_chunks(const DispatchParams& p, TokenRun* runs, 
     const int64_t base = ring_token_base(other_domain_index(d.node_rank, node), c, K, p.chunk);
     const bool* goes = p.attn_to_rdma_map + k;
     const auto selected = [&](int t) { return t < tokens && goes[int64_t(t) * others]; };
+    if (p.eager) {
+      const int64_t slot = int64_t(other_domain_index(d.node_rank, node)) * K + c % K;
+      const EagerSources src{
+          p.net_hidden,
+          reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),
+          reinterpret_cast<const uint8_t*>(p.net_scales_src),
+          p.row_bytes,
+          p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0,
+          p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0};
+      send_chunk_eager(
+          p.transport, channel,
+          TransportDevice::mapped(p.transport, node) + p.net_rows + slot * p.eager_slot_bytes,
+          selected, first, last, src, eager_signal_value(epoch, uint32_t(c)),
+          reinterpret_cast<int*>(runs), lane);
+      continue;
+    }
     const NetTensor tensors[kMaxNetTensors] = {
         {p.net_hidden, p.net_rows + size_t(base * p.row_bytes), p.row_bytes},
         {reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),

@@ -33,7 +33,8 @@ struct RowSource {
 };
 
 // Chunk c of domain `node`: a peer's chunk is read from the ring this rank keeps for that
-// domain, slot c % K (dispatch_network.cuh's ring_token_base).
+// domain, slot c % K (dispatch_network.cuh's ring_token_base); in the eager form `rows` is the
+// slot itself.
 __device__ __forceinline__ RowSource row_source(const DispatchParams& p, int node, int c) {
   const int64_t first = int64_t(node) * p.max_tokens;
   const int32_t* routes = p.sparse_to_dense_map + first * p.domain.ranks;
@@ -42,8 +43,12 @@ __device__ __forceinline__ RowSource row_source(const DispatchParams& p, int nod
             p.experts_total, routes};
   }
   const uint8_t* self = p.domain.self();
-  const int64_t base =
-      ring_token_base(other_domain_index(node, p.domain.node_rank), c, p.ring_chunks, p.chunk);
+  const int other = other_domain_index(node, p.domain.node_rank);
+  if (p.eager) {  // records in tiles (dispatch_eager.cuh), not rows by token
+    const int64_t slot = int64_t(other) * p.ring_chunks + c % p.ring_chunks;
+    return {self + p.net_rows + slot * p.eager_slot_bytes, nullptr, nullptr, 0, routes};
+  }
+  const int64_t base = ring_token_base(other, c, p.ring_chunks, p.chunk);
   return {self + p.net_rows + base * p.row_bytes,
           p.probs != nullptr
               ? reinterpret_cast<const float*>(self + p.net_probs) + base * p.prob_cols
@@ -89,7 +94,7 @@ struct DispatchWalk {
 // the store warps still finish (the buffer is unusable after a failed wait anyway).
 inline __device__ bool chunk_arrived(const DispatchParams& p, int node, int c) {
   const DomainView& d = p.domain;
-  if (node == d.node_rank) return true;
+  if (node == d.node_rank || p.eager) return true;  // eager: tile by tile (dispatch_eager.cuh)
   const size_t slot = p.network_flags.slot(node, c);
   return wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
                    WaitSite::kNetworkFlag, node, c);

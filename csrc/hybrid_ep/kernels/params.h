@@ -197,6 +197,13 @@ struct DispatchParams {
   // the zero-copy pool; else (alone: own) the regions above.
   bool published_targets;
   size_t receive_targets;
+  // HYBRID_EP_EAGER (several domains): the rows between domains travel in the eager form
+  // (network_send_eager.cuh, dispatch_eager.cuh): chunk c of the k-th other domain in slot
+  // k * ring_chunks + c % ring_chunks of net_rows, eager_slot_bytes each, its tiles' signals
+  // from the epoch at eager_epoch (this rank's buffer, kernels/common/eager_epoch.cuh).
+  bool eager;
+  int64_t eager_slot_bytes;
+  size_t eager_epoch;
 };
 
 // Unpermute: dense row i < D (read on the device) is the fp32 sum, ascending expert, of the

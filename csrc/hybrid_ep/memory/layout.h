@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "hybrid_ep/memory/eager_tiles.h"
 #include "hybrid_ep/memory/flag_tables.h"
 
 namespace hybrid_ep {
@@ -26,6 +27,10 @@ struct BufferShape {
   // Bytes of the zero-copy pool (docs/zero-copy.md): dispatch outputs and combine inputs that
   // peers write and read in place. 0: none (several domains, or HYBRID_EP_ZERO_COPY=0).
   int64_t zero_copy_pool_bytes;
+  // HYBRID_EP_EAGER (several domains): the rows between domains travel in the eager form's
+  // tile layout (memory/eager_tiles.h), a chunk's rows, probs and scales as one record per
+  // token in one slot of net_rows; net_probs and net_scales are then empty.
+  bool eager = false;
 
   int64_t experts_total() const { return experts_per_rank * world; }
   int64_t prob_cols() const { return experts_per_rank * ranks; }  // one domain's columns
@@ -35,6 +40,17 @@ struct BufferShape {
   // Rows of the rings between domains: K chunk slots per other domain (empty with one domain).
   int64_t ring_rows() const {
     return nodes() > 1 ? (nodes() - 1) * net_ring_chunks * dispatch_chunk : 0;
+  }
+  // The largest eager record of a token (a BF16 row with probs, or an FP8 row with probs and
+  // scales), and the net_rows slot a chunk of them takes in the eager form.
+  int64_t eager_record() const {
+    const int64_t probs = prob_cols() * 4, scales = max_scale_cols * 4;
+    const EagerPayload bf16 = EagerPayload::make(1, max_row_bytes, probs, 0);
+    const EagerPayload fp8 = EagerPayload::make(1, max_row_bytes / 2, probs, scales);
+    return bf16.record > fp8.record ? bf16.record : fp8.record;
+  }
+  int64_t eager_slot_bytes() const {
+    return EagerTiles::slot_bytes(dispatch_chunk * eager_record());
   }
   // 32-bit words of one token's routing bits for one domain (a bit per column of the domain).
   int64_t routing_words() const { return (prob_cols() + 31) / 32; }
@@ -96,6 +112,7 @@ struct BufferLayout {
   // receiver returns a credit per consumed slot; docs/multi-domain.md, "Rings"), and the local
   // sources of this rank's puts (registered, as RDMA transports need).
   size_t net_rows;           // ring [N-1, K, chunk, row bytes]: rows from the other domains' peers
+                             // (eager: [N-1, K] slots of eager_slot_bytes, records in tiles)
   size_t net_probs;          // fp32 ring: their probs (the receiving domain's columns)
   size_t net_scales;         // fp32 ring: their FP8 scales
   size_t restriped_probs;    // fp32 [N, T, E*R]: this rank's probs, destination-major
@@ -127,6 +144,9 @@ struct BufferLayout {
   size_t combine_credits;
   size_t net_barrier_flags;  // uint64 [N]
   size_t receive_releases;   // uint64: times this rank has read its dispatch_rows out
+  // uint64 [2] (eager form): this rank's dispatch epoch (the kernels so far; it derives the
+  // tile signals' values) and the blocks of the running kernel done with it (EagerEpoch).
+  size_t eager_epoch;
   size_t flags_begin, flags_end;
   size_t total;
 
@@ -159,9 +179,11 @@ struct BufferLayout {
     visit("dispatch_scales", &BufferLayout::dispatch_scales, received * scale_row);
     visit("combine_rows", &BufferLayout::combine_rows, received * s.max_row_bytes * 2);
     visit("combine_probs", &BufferLayout::combine_probs, received * prob_row);
-    visit("net_rows", &BufferLayout::net_rows, ring * s.max_row_bytes);
-    visit("net_probs", &BufferLayout::net_probs, ring * prob_row);
-    visit("net_scales", &BufferLayout::net_scales, ring * scale_row);
+    const size_t slots = s.dispatch_chunk > 0 ? ring / size_t(s.dispatch_chunk) : 0;
+    visit("net_rows", &BufferLayout::net_rows,
+          s.eager ? slots * size_t(s.eager_slot_bytes()) : ring * s.max_row_bytes);
+    visit("net_probs", &BufferLayout::net_probs, s.eager ? 0 : ring * prob_row);
+    visit("net_scales", &BufferLayout::net_scales, s.eager ? 0 : ring * scale_row);
     visit("restriped_probs", &BufferLayout::restriped_probs, tiles * prob_row);
     visit("staged_rows", &BufferLayout::staged_rows, own * s.max_row_bytes);
     visit("staged_scales", &BufferLayout::staged_scales, own * scale_row);
@@ -183,6 +205,7 @@ struct BufferLayout {
     visit("combine_credits", &BufferLayout::combine_credits, flags.combine_credits.bytes());
     visit("net_barrier_flags", &BufferLayout::net_barrier_flags, flags.net_barrier.bytes());
     visit("receive_releases", &BufferLayout::receive_releases, u64);
+    visit("eager_epoch", &BufferLayout::eager_epoch, u64 * 2);
   }
 
   static BufferLayout make(const BufferShape& s) {

@@ -43,7 +43,8 @@ BufferShape shape_of(const RuntimeConfig& config) {
                      net_ring_chunks_for(config.net_ring_chunks, config.nodes,
                                          config.dispatch_chunk, chunks, row_bytes),
                      received,
-                     config.zero_copy_pool_bytes};
+                     config.zero_copy_pool_bytes,
+                     config.eager && config.nodes > 1};
 }
 
 Runtime::Runtime(const RuntimeConfig& config) : config_(config) {

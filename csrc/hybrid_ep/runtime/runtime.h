@@ -52,6 +52,9 @@ struct RuntimeConfig {
   // HYBRID_EP_PROB_PUTS=token: the dispatch's network leg puts each token's probs on its own
   // (the form before the restripe coalesced them per run), to measure what coalescing saves.
   bool prob_puts_per_token = false;
+  // HYBRID_EP_EAGER=1 (several domains, a build with the eager form): the dispatch's rows
+  // between domains travel as tiles that carry their own signals (memory/eager_tiles.h).
+  bool eager = false;
   // HYBRID_EP_NET_RING_CHUNKS: chunk slots per other domain of the rings between domains; 0: the
   // default (net_ring_chunks_for, memory/layout.h).
   int net_ring_chunks = 0;

@@ -10,6 +10,9 @@ struct ChannelCounters {
   unsigned long long puts;
   unsigned long long signals;
   unsigned long long bytes;
+  // Tiles of the eager form's puts (memory/eager_tiles.h): each carries its own signal, so
+  // they are counted apart from puts (one per chunk payload) and signals (none).
+  unsigned long long eager_tiles;
 };
 
 // Zeroed device array [channels]; free it with cudaFree. Throws CudaError.

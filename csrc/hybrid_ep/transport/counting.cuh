@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "hybrid_ep/transport/counters.h"
 
@@ -14,6 +15,13 @@ __device__ __forceinline__ void count_put(ChannelCounters* counters, int channel
   if (lane == 0) {
     atomicAdd(&counters[channel].puts, 1ull);
     atomicAdd(&counters[channel].bytes, static_cast<unsigned long long>(bytes));
+  }
+}
+
+__device__ __forceinline__ void count_eager_tiles(ChannelCounters* counters, int channel,
+                                                  int64_t tiles, int lane) {
+  if (lane == 0) {
+    atomicAdd(&counters[channel].eager_tiles, static_cast<unsigned long long>(tiles));
   }
 }
 

@@ -17,10 +17,17 @@
 //   count_stored(ctx, channel, bytes, lane)
 //       Counts one put of `bytes` whose data the kernel stored into the mapped peer itself, so
 //       that the counters mean the same whether or not a peer is mapped.
+//   count_eager_stored(ctx, channel, bytes, tiles, lane) -> EagerDelivery
+//       The eager form (memory/eager_tiles.h) into a mapped peer: counts one put of `bytes` in
+//       the tile layout and its `tiles` tiles (no signal: each tile carries its own), whose
+//       data and signals the kernel stored itself, each signal a release store after its
+//       tile's data; returns when those bytes count as delivered (EagerDelivery: at once
+//       unless the backend emulates a network). Every lane gets lane 0's result.
 //
 // Waiting for a flag is a plain acquire load of local memory and belongs to the kernels
 // (kernels/common/flags.cuh). Kernels name no backend: they use TransportDevice.
 #pragma once
 
+#include "hybrid_ep/transport/eager_delivery.h"
 #include "hybrid_ep/transport/transport.h"
 #include "transport_backend.cuh"

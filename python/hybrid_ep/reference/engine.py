@@ -24,7 +24,7 @@ class ReferenceEngine(Engine):
 
     def __init__(self, group, topo: Topology, experts_per_rank: int, rendezvous,
                  sends: network.TransportStats, timeout_s: float = 30.0,
-                 combine_wire: str = "bf16", prob_puts: str = "run"):
+                 combine_wire: str = "bf16", prob_puts: str = "run", eager: bool = False):
         # Every collective of a call is bounded by HYBRID_EP_TIMEOUT_S (comm.CallGroup).
         self.group = CallGroup(group, timeout_s)
         self.topo = topo
@@ -32,6 +32,7 @@ class ReferenceEngine(Engine):
         self.rendezvous = rendezvous
         self.combine_wire = combine_wire  # HYBRID_EP_COMBINE_WIRE: partials between domains
         self.prob_puts = prob_puts  # HYBRID_EP_PROB_PUTS: run or token
+        self.eager = eager  # HYBRID_EP_EAGER in effect: the dispatch's eager form
         self.sends = sends  # the modelled network sends (HybridEPBuffer.transport_stats)
         self._largest_tokens = None  # of the call under way, from its agreement
 
@@ -91,7 +92,7 @@ class ReferenceEngine(Engine):
         network.count_dispatch_sends(self.sends, layout.attn_to_rdma_map, tokens,
                                      config.num_of_tokens_per_chunk_dispatch_api,
                                      config.num_sms_dispatch_api, widths,
-                                     per_token_probs=self.prob_puts == "token")
+                                     per_token_probs=self.prob_puts == "token", eager=self.eager)
 
     def count_combine_sends(self, config, layout, tokens: int, hidden,
                             with_probs: bool) -> None:

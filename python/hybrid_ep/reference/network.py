@@ -4,7 +4,10 @@ A token crosses the network once per destination domain, to the peer with the sa
 there. Per (chunk, destination domain) the sender issues one put per maximal run of consecutive
 tokens for each tensor (rows, probs, FP8 scales) — a dense chunk is one run, so one put per
 tensor — and exactly one signal, also when the chunk holds no token for that domain, so the
-receiver never waits forever. The dispatch sends chunk c from block c % blocks, the combine
+receiver never waits forever. In the eager form (HYBRID_EP_EAGER) a dispatch chunk with tokens
+for a domain is instead one put of their records in 4 KiB tiles that carry their own signals
+(memory/eager_tiles.h), counted with its tiles and no signal, and an empty one sends nothing.
+The dispatch sends chunk c from block c % blocks, the combine
 chunk c of the k-th other domain from block (c * (N - 1) + k) % blocks; a block sends on
 channel block % channels.
 The reference engine counts these operations so that tests (and the CUDA engine's counters)
@@ -41,6 +44,7 @@ class ChannelStats:
     puts: int = 0
     signals: int = 0
     bytes: int = 0
+    eager_tiles: int = 0
 
 
 @dataclass
@@ -54,14 +58,16 @@ class TransportStats:
         return TransportStats([ChannelStats() for _ in range(count)])
 
     def plus(self, channels: list[dict]) -> TransportStats:
-        """These counts with another source's per channel ({puts, signals, bytes}) added."""
+        """These counts with another source's per channel ({puts, signals, bytes, eager_tiles})
+        added."""
         return TransportStats([
             ChannelStats(**{key: getattr(mine, key) + other[key] for key in vars(mine)})
             for mine, other in zip(self.channels, channels, strict=True)])
 
     def as_dict(self) -> dict:
         per_channel = [vars(c).copy() for c in self.channels]
-        totals = {key: sum(c[key] for c in per_channel) for key in ("puts", "signals", "bytes")}
+        totals = {key: sum(c[key] for c in per_channel)
+                  for key in ("puts", "signals", "bytes", "eager_tiles")}
         return {"channels": per_channel, **totals}
 
 
@@ -74,14 +80,41 @@ class RowWidths:
     scales: int
 
 
+EAGER_TILE_BYTES = 4096
+EAGER_SIGNAL_BYTES = 16
+EAGER_DATA_BYTES = EAGER_TILE_BYTES - EAGER_SIGNAL_BYTES
+
+
+def _align16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def eager_record(widths: RowWidths) -> int:
+    """Bytes of one token's record in the eager form: its row, probs and scales, each part from
+    a 16-byte boundary."""
+    return _align16(_align16(_align16(widths.row) + widths.probs) + widths.scales)
+
+
+def eager_tiles(payload: int) -> tuple[int, int]:
+    """(tiles, wire bytes) of an eager payload of ``payload`` bytes: 4080 data bytes and a
+    16-byte signal per tile, the last tile's data rounded up to 16."""
+    if payload == 0:
+        return 0, 0
+    tiles = -(-payload // EAGER_DATA_BYTES)
+    last = payload - (tiles - 1) * EAGER_DATA_BYTES
+    return tiles, (tiles - 1) * EAGER_TILE_BYTES + _align16(last) + EAGER_SIGNAL_BYTES
+
+
 def count_dispatch_sends(stats: TransportStats, attn_to_rdma: torch.Tensor, tokens: int,
                          chunk: int, blocks: int, widths: RowWidths,
-                         per_token_probs: bool = False) -> None:
+                         per_token_probs: bool = False, eager: bool = False) -> None:
     """Adds one dispatch's network sends of this rank to ``stats``.
 
     ``attn_to_rdma`` is the handle's bool [T, N-1] map (this rank's token t goes to the k-th
     other domain); every chunk of the buffer's T tokens is signalled to every other domain.
     With ``per_token_probs`` (HYBRID_EP_PROB_PUTS=token) the probs take one put per token.
+    ``eager`` (HYBRID_EP_EAGER): a (chunk, domain) with n tokens is one put of n records in
+    tiles (its wire bytes, its tiles counted apart) and no signal; with none, nothing.
     """
     channels = len(stats.channels)
     chunks = -(-tokens // chunk)
@@ -92,6 +125,12 @@ def count_dispatch_sends(stats: TransportStats, attn_to_rdma: torch.Tensor, toke
         for k in range(rows.shape[1]):
             runs = plan_runs(rows[:, k])
             sent = sum(length for _, length in runs)
+            if eager:
+                tiles, wire = eager_tiles(sent * eager_record(widths))
+                channel.puts += 1 if sent else 0
+                channel.bytes += wire
+                channel.eager_tiles += tiles
+                continue
             channel.puts += len(runs) * len(tensors)
             if per_token_probs and widths.probs:
                 channel.puts += sent - len(runs)

@@ -1,0 +1,169 @@
+// The eager form of the dispatch's send of one chunk to one other domain (memory/eager_tiles.h,
+// docs/multi-domain.md "Eager form"): the records of the chunk's tokens for that domain (row,
+// probs, FP8 scales) go straight into the peer's slot in the tile layout, and each tile's
+// signal is released after its data. No signal follows the chunk, and a chunk with no token
+// for the domain sends nothing at all: its receiver counts the records from the routing it
+// gathered and waits for none. Only to a mapped peer (the host enables the form for builds
+// whose peers are: the p2p emulation).
+#pragma once
+
+#include <cstdint>
+
+#include "hybrid_ep/common/ptx.cuh"
+#include "hybrid_ep/memory/eager_tiles.h"
+#include "hybrid_ep/transport/transport_device.cuh"
+#include "hybrid_ep/transport/warp_copy.cuh"
+
+namespace hybrid_ep {
+
+// Token t's parts, each at its source + t * its width (width 0: not sent).
+struct EagerSources {
+  const uint8_t* rows;
+  const uint8_t* probs;
+  const uint8_t* scales;
+  int row_bytes, prob_bytes, scale_bytes;
+};
+
+// A chunk's tile layout at the peer, while a warp writes it.
+struct EagerWriter {
+  uint8_t* slot;  // the peer's slot, mapped
+  EagerPayload payload;
+  int64_t bytes;  // payload bytes
+  EagerDelivery due;
+
+  // All lanes: payload bytes [at, at + n) from `src`, split where tiles end.
+  __device__ void store(int64_t at, const uint8_t* src, int64_t n, int lane) const {
+    for (int64_t b = at, end = at + n; b < end;) {
+      const int64_t tile_end = (b / EagerTiles::kDataBytes + 1) * EagerTiles::kDataBytes;
+      const int64_t piece = (end < tile_end ? end : tile_end) - b;
+      warp_copy(slot + EagerTiles::wire_offset(b), src + (b - at), size_t(piece), lane);
+      b += piece;
+    }
+  }
+
+  // All lanes: releases the signals of tiles [from, to), whose data the warp has stored: the
+  // warp's stores, then lane 0's one release fence and the signals' stores (a release
+  // pattern). A sequentially consistent system fence per record (__threadfence_system) had
+  // tripled the dispatch at 2 x 2 (run s19d).
+  __device__ void release(int64_t from, int64_t to, uint64_t value, int lane) const {
+    if (from >= to) return;
+    __syncwarp();
+    if (lane == 0) {
+      ptx::fence_acq_rel_sys();
+      for (int64_t t = from; t < to; ++t) {
+        EagerSignal* signal = reinterpret_cast<EagerSignal*>(slot + t * EagerTiles::kTileBytes +
+                                                             EagerTiles::signal_offset(bytes, t));
+        const int64_t end = t * EagerTiles::kTileBytes + EagerTiles::tile_wire_bytes(bytes, t);
+        // One store: a receiver that sees the value sees the instant written with it.
+        ptx::store_pair_relaxed_sys(&signal->value, value, due.at(end));
+      }
+    }
+    __syncwarp();
+  }
+};
+
+// A warp copies one tile's data per round, 8 vectors in flight per lane (two tiles' 16 made the
+// dispatch kernel spill), and releases the signals of two tiles at a time: each release fence
+// waits for the warp's stores to land.
+constexpr int kEagerVectorsPerTile = int(EagerTiles::kDataBytes / 16);  // 255
+constexpr int kEagerVectorsPerLane = (kEagerVectorsPerTile + 31) / 32;
+constexpr int kEagerTilesPerRelease = 2;
+
+// All lanes: the data of tile `tile` gathered from the records' tokens (`tokens[k]` is record
+// k's), when every part is whole 16-byte vectors at 16-byte aligned sources: a copy per part
+// had left each record's few pieces waiting on their loads one after another (2 x 2, 256
+// tokens: 576 us against 364 signalled, run s19f).
+__device__ __forceinline__ void copy_tile(const EagerWriter& w, int64_t tile_index,
+                                          const int* tokens, const EagerSources& src, int lane) {
+  // 32-bit offsets (a chunk's payload is far below 2 GiB): 64-bit ones spilled registers.
+  const int record_bytes = int(w.payload.record), row_bytes = src.row_bytes;
+  const int probs_at = int(w.payload.probs_at), scales_at = int(w.payload.scales_at);
+  const int bytes = int(w.bytes), tile = int(tile_index);
+  uint4 v[kEagerVectorsPerLane];
+  uint32_t loaded = 0;  // bit u: vector u holds data (not padding, not past the payload)
+#pragma unroll
+  for (int u = 0; u < kEagerVectorsPerLane; ++u) {
+    const int j = u * 32 + lane;
+    const int b = tile * int(EagerTiles::kDataBytes) + j * 16;
+    if (j >= kEagerVectorsPerTile || b >= bytes) continue;
+    const int record = b / record_bytes, o = b - record * record_bytes;
+    const int64_t t = tokens[record];
+    const uint8_t* at = nullptr;
+    if (o < row_bytes) {
+      at = src.rows + t * row_bytes + o;
+    } else if (o >= probs_at && o < probs_at + src.prob_bytes) {
+      at = src.probs + t * src.prob_bytes + (o - probs_at);
+    } else if (o >= scales_at && o < scales_at + src.scale_bytes) {
+      at = src.scales + t * src.scale_bytes + (o - scales_at);
+    }  // else padding between parts: not sent
+    if (at != nullptr) {
+      v[u] = *reinterpret_cast<const uint4*>(at);
+      loaded |= 1u << u;
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kEagerVectorsPerLane; ++u) {
+    if (((loaded >> u) & 1u) == 0) continue;
+    *reinterpret_cast<uint4*>(w.slot + int64_t(tile) * EagerTiles::kTileBytes +
+                              (u * 32 + lane) * 16) = v[u];
+  }
+}
+
+// Called by all lanes of one warp; `scratch` holds at least last - first ints (the warp's runs
+// scratch, build_token_runs). `value` is the tiles' signal (eager_signal_value of the call's
+// epoch and chunk).
+template <class Selected>
+__device__ void send_chunk_eager(const TransportContext& ctx, int channel, uint8_t* slot,
+                                 const Selected& selected, int first, int last,
+                                 const EagerSources& src, uint64_t value, int* scratch, int lane) {
+  // Record k is the chunk's k-th token for the domain.
+  int records = 0;
+  for (int base = first; base < last; base += 32) {
+    const int t = base + lane;
+    const bool on = t < last && selected(t);
+    const unsigned mask = __ballot_sync(~0u, on);
+    if (on) scratch[records + __popc(mask & ((1u << lane) - 1u))] = t;
+    records += __popc(mask);
+  }
+  __syncwarp();
+  if (records == 0) return;
+  EagerWriter w{slot, EagerPayload::make(records, src.row_bytes, src.prob_bytes, src.scale_bytes)};
+  w.bytes = w.payload.bytes();
+  const int64_t tiles = EagerTiles::count(w.bytes);
+  w.due = TransportDevice::count_eager_stored(ctx, channel, size_t(EagerTiles::wire_bytes(w.bytes)),
+                                              tiles, lane);
+  const bool vectors =
+      ((src.row_bytes | src.prob_bytes | src.scale_bytes) & 15) == 0 &&
+      ((reinterpret_cast<uintptr_t>(src.rows) | reinterpret_cast<uintptr_t>(src.probs) |
+        reinterpret_cast<uintptr_t>(src.scales)) &
+       15) == 0;
+  if (vectors) {
+    for (int64_t t = 0; t < tiles; ++t) {
+      copy_tile(w, t, scratch, src, lane);
+      const int64_t done = t + 1;
+      if (done % kEagerTilesPerRelease == 0 || done == tiles) {
+        w.release(done - 1 - (done - 1) % kEagerTilesPerRelease, done, value, lane);
+      }
+    }
+    return;
+  }
+  // Parts of other widths: each record's parts by the warp's copy (bytes where unaligned).
+  int64_t released = 0;
+  for (int record = 0; record < records; ++record) {
+    const int64_t at = w.payload.row_at(record), t = scratch[record];
+    w.store(at, src.rows + t * src.row_bytes, src.row_bytes, lane);
+    if (src.prob_bytes > 0) {
+      w.store(at + w.payload.probs_at, src.probs + t * src.prob_bytes, src.prob_bytes, lane);
+    }
+    if (src.scale_bytes > 0) {
+      w.store(at + w.payload.scales_at, src.scales + t * src.scale_bytes, src.scale_bytes, lane);
+    }
+    // Tiles before the one the next record starts in are complete.
+    const int64_t complete =
+        record + 1 == records ? tiles : EagerTiles::first_tile(w.payload.row_at(record + 1));
+    w.release(released, complete, value, lane);
+    released = complete;
+  }
+}
+
+}  // namespace hybrid_ep

@@ -1,0 +1,61 @@
+"""The eager form between domains (HYBRID_EP_EAGER=1, p2p build) on one GPU: the multi-domain
+matrix and permute pairs pass with it; also with rings of 2 slots (a slot reused within a call,
+whose earlier chunk's tile signals must not pass for the later chunk's) and under the emulated
+wire (a tile becomes visible only at its emulated delivery); and the dispatch's counters are the
+reference's eager model: one put per (chunk, domain) with tokens, its tiles, no signal."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_env import gpu_marks
+from gpu_specs import matrix_under_env, permute_under_env
+from test_gpu_multi_domain import CHUNK, matrix_params, permute_params
+
+pytestmark = gpu_marks
+
+EAGER = {"HYBRID_EP_EAGER": "1"}
+SHALLOW = {**EAGER, "HYBRID_EP_NET_RING_CHUNKS": "2"}
+UNDER_WIRE = {**EAGER, "HYBRID_EP_P2P_WIRE": "gbps=50,latency_us=3,op_ns=400,rails=2",
+              "HYBRID_EP_NUM_CHANNELS": "2"}
+
+
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-eager"))
+def test_dispatch_combine_domains_eager(gpu_pools, record_property, W, placement, R, case):
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, EAGER, "eager")
+
+
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-eager-ring2"))
+def test_dispatch_combine_domains_eager_shallow_rings(gpu_pools, record_property, W, placement,
+                                                      R, case):
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, SHALLOW, "eager ring2")
+
+
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-eager-wire", most_ranks=4))
+def test_dispatch_combine_domains_eager_under_wire(gpu_pools, record_property, W, placement, R,
+                                                   case):
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, UNDER_WIRE,
+                     "eager wire")
+
+
+@pytest.mark.parametrize("W,placement,R,extra", permute_params("-eager"))
+def test_permute_domains_eager(gpu_pools, record_property, W, placement, R, extra):
+    permute_under_env(gpu_pools, record_property, W, placement, R, extra, EAGER, "eager")
+
+
+@pytest.mark.parametrize("dtype,pattern", [("bf16", "dense"), ("fp8", "dense"), ("bf16", "runs")])
+def test_eager_counters(gpu_pools, dtype, pattern):
+    """2x2, 150 tokens: the CUDA counters equal the reference's eager model (the case asserts it
+    per rank); dense routing is one put per chunk to the one other domain, no dispatch signal,
+    its tiles counted; the combine still signals every chunk."""
+    W, R, tokens = 4, 2, 150
+    results = gpu_pools.run(W, "shared", "under_env", module="gpu_multi_domain_cases",
+                            environment=EAGER, case="counters", R=R, pattern=pattern,
+                            dtype=dtype, with_probs=True, channels=1, tokens=tokens)
+    chunks = -(-tokens // CHUNK)
+    assert len(results) == W, results
+    for r in results:
+        sent = r["cuda_dispatch"]
+        assert sent["signals"] == 0 and sent["eager_tiles"] > 0, sent
+        if pattern == "dense":
+            assert sent["puts"] == chunks, sent
+        assert r["cuda_combine"]["signals"] == chunks and r["cuda_combine"]["eager_tiles"] == 0
