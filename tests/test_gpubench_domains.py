@@ -35,3 +35,29 @@ def test_domain_bench_bound_is_the_larger_of_the_wire_and_the_domains():
                for r in rows)
     table = domains.format_table(cfg, rows, "cpu")
     assert "| 1 | wire, run probs | dispatch bf16 |" in table and "efficiency" in table
+
+
+def test_eager_both_runs_every_form_signalled_and_eager_each_with_its_own_baseline():
+    cfg = domains.DomainBenchConfig(ranks=4, nodes=2, wire="gbps=50", prob_puts=("run",),
+                                    eager=(False, True))
+    forms = cfg.forms()
+    assert [name for name, _ in forms] == ["no wire, signalled", "wire, run probs, signalled",
+                                           "no wire, eager", "wire, run probs, eager"]
+    assert [env["HYBRID_EP_EAGER"] for _, env in forms] == ["0", "0", "1", "1"]
+    assert [cfg.baseline_form(f) for f in range(4)] == [0, 0, 2, 2]
+    plain = domains.DomainBenchConfig(ranks=4, nodes=2)
+    assert plain.forms() == [("", {})] and plain.baseline_form(0) == 0
+    only = domains.DomainBenchConfig(ranks=4, nodes=2, eager=(True,))
+    assert only.forms() == [("eager", {"HYBRID_EP_EAGER": "1"})]
+
+
+@pytest.mark.parametrize("flag,eager", [(None, ()), ("off", (False,)), ("on", (True,)),
+                                        ("both", (False, True))])
+def test_the_cli_hands_eager_to_the_domain_bench(monkeypatch, flag, eager):
+    from hybrid_ep_bench import cli
+
+    seen = []
+    monkeypatch.setattr(domains, "run", lambda cfg, json_path=None: seen.append(cfg) or "table")
+    argv = ["--device", "cuda", "--nodes", "2", "--channels", "1"]
+    assert cli.main(argv + (["--eager", flag] if flag else [])) == 0
+    assert seen[0].eager == eager

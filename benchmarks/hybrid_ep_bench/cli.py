@@ -81,7 +81,9 @@ def _bench_domains(args) -> int:
         channels=channels, seed=args.seed, label=args.label or "", mps=not args.no_mps,
         out_dir=args.out_dir if args.out_dir is not None else base.out_dir,
         wire=wire.text() if wire is not None else None,
-        prob_puts=("run", "token") if args.prob_puts == "both" else (args.prob_puts,), **given)
+        prob_puts=("run", "token") if args.prob_puts == "both" else (args.prob_puts,),
+        eager={None: (), "off": (False,), "on": (True,), "both": (False, True)}[args.eager],
+        **given)
     if cfg.ranks % cfg.nodes != 0:
         raise SystemExit(f"--nodes {cfg.nodes} must divide --ranks {cfg.ranks}")
     if min(channels) < 1 or max(channels) > 64:
@@ -191,6 +193,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
                         "report its bound and the efficiency")
     g.add_argument("--prob-puts", choices=("run", "token", "both"), default="both",
                    help="with --wire: the prob puts of the wired forms (HYBRID_EP_PROB_PUTS)")
+    g.add_argument("--eager", choices=("off", "on", "both"), default=None,
+                   help="with --nodes N: the forms signalled (HYBRID_EP_EAGER=0), in the eager "
+                        "form (1) or each both ways (default: as the environment says)")
     g.add_argument("--no-mps", action="store_true",
                    help="ranks sharing a GPU run without MPS (default: a running MPS daemon, "
                         "else a private one started and stopped for the run; without MPS the "

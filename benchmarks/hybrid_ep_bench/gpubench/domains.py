@@ -17,7 +17,9 @@ put per (token, destination domain) instead of one per run.
 With ``--wire SPEC`` (the p2p build's emulated NIC, :mod:`hybrid_ep.backends.p2p_wire`) each channel
 count runs three forms in the same processes: without the wire (what the domains alone take),
 under the wire with the probs put per run (restriped, the default) and per token
-(``HYBRID_EP_PROB_PUTS=token``). Per operation under the wire: the lower bound, the larger of
+(``HYBRID_EP_PROB_PUTS=token``); with ``--eager both`` every form runs signalled and in the
+eager form (``HYBRID_EP_EAGER``), each bounded by its own time without the wire. Per operation
+under the wire: the lower bound, the larger of
 the NIC's time for this rank's bytes and operations (transport_stats) and the time without the
 wire, and the efficiency, bound / measured.
 """
@@ -64,15 +66,30 @@ class DomainBenchConfig:
     mps: bool = True  # as GpuBenchConfig.mps
     wire: str | None = None  # HYBRID_EP_P2P_WIRE for the emulated-network forms; None: none
     prob_puts: tuple[str, ...] = ("run", "token")  # the wired forms' HYBRID_EP_PROB_PUTS
+    # HYBRID_EP_EAGER of each form, every form once per value ("signalled", "eager"); empty:
+    # the environment's, one form each.
+    eager: tuple[bool, ...] = ()
 
     def forms(self) -> list[tuple[str, dict]]:
         """(name, environment) of each form a channel count runs."""
         if self.wire is None:
-            return [("", {})]
-        no_wire = ("no wire", {"HYBRID_EP_P2P_WIRE": "off", "HYBRID_EP_PROB_PUTS": "run"})
-        return [no_wire] + [(f"wire, {mode} probs", {"HYBRID_EP_P2P_WIRE": self.wire,
-                                                    "HYBRID_EP_PROB_PUTS": mode})
-                            for mode in self.prob_puts]
+            base = [("", {})]
+        else:
+            no_wire = ("no wire", {"HYBRID_EP_P2P_WIRE": "off", "HYBRID_EP_PROB_PUTS": "run"})
+            base = [no_wire] + [(f"wire, {mode} probs", {"HYBRID_EP_P2P_WIRE": self.wire,
+                                                        "HYBRID_EP_PROB_PUTS": mode})
+                                for mode in self.prob_puts]
+        if not self.eager:
+            return base
+        return [(", ".join(x for x in (name, "eager" if eager else "signalled") if x),
+                 {**env, "HYBRID_EP_EAGER": "1" if eager else "0"})
+                for eager in self.eager for name, env in base]
+
+    def baseline_form(self, form: int) -> int:
+        """The form whose time without the wire bounds form ``form``'s: the first of its group
+        (with ``eager``, the signalled and the eager forms each have their own)."""
+        group = len(self.forms()) // max(1, len(self.eager))
+        return form - form % group
 
     def inputs(self) -> GpuBenchConfig:
         """The single-domain bench's input generator, with this configuration's sizes."""
@@ -291,12 +308,11 @@ def _run(cfg: DomainBenchConfig, json_path: str | None, mps_state: str) -> str:
     for channels in cfg.channels:
         ranks = run_ranks(cfg.ranks, _measure_forms, (cfg, channels),
                           {"HYBRID_EP_NUM_CHANNELS": str(channels)})
-        baseline = None
+        baselines = {}
         for f in range(len(cfg.forms())):
             results = [r["forms"][f] for r in ranks]
-            rows = summarize(cfg, results, baseline)
-            if f == 0:
-                baseline = rows
+            rows = summarize(cfg, results, baselines.get(cfg.baseline_form(f)))
+            baselines.setdefault(f, rows)
             everything.append({"channels": channels, "form": results[0]["form"], "rows": rows,
                                "ranks": results})
             tables.extend(rows)
