@@ -105,6 +105,7 @@ class RankResult:
     kernel_permuted: list[int] = field(default_factory=list)
     preprocess_kernels_s: float | None = None  # mean per call, all preprocessing kernels
     api_floor_s: float | None = None  # median API time of one empty kernel (ranks.py)
+    api_floor_barrier_s: float | None = None  # and of the runtime's barrier alone (ranks > 1)
     profiler_note: str | None = None
     ceilings: list[dict] = field(default_factory=list)
 

@@ -201,6 +201,14 @@ def _measure(cfg: GpuBenchConfig, spec: RunSpec, rank: int) -> RankResult:
     # it holds the clients' launch and wake-up latency, which no library call can avoid.
     floors = [time_call(lambda: torch.cuda._sleep(0), group)[1] for _ in range(cfg.iters)]
     result.api_floor_s = statistics.median(floors)
+    # And the floor of a call that must meet every rank: the runtime's barrier alone (one
+    # kernel whose ranks wait for each other through flags in IPC memory), which every
+    # dispatch and combine of several ranks contains one way or another.
+    runtime = getattr(getattr(bench.buffer, "_cuda_engine", None), "runtime", None)
+    if runtime is not None and spec.ranks > 1:
+        stream = torch.cuda.current_stream().cuda_stream
+        meets = [time_call(lambda: runtime.barrier(stream), group)[1] for _ in range(cfg.iters)]
+        result.api_floor_barrier_s = statistics.median(meets)
 
     # Pass 2: kernel times from the profiler (2 more warm-up steps inside the session).
     result.kernel_s = {op: [] for op in ops}

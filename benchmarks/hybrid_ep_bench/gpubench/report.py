@@ -55,6 +55,11 @@ def format_regime(cfg: GpuBenchConfig, env: dict, regime: str, runs: list[dict])
          "every API time): "
          + ", ".join(f"{r['ranks']} rank(s): {_f(r.get('api_floor_us'), 0)}"
                      + (" us" if _f(r.get("api_floor_us")) != "n/a" else "") for r in runs)),
+        ("API floor of a call that meets every rank (the runtime's barrier alone, timed the "
+         "same way): "
+         + ", ".join(f"{r['ranks']} rank(s): {_f(r.get('api_floor_barrier_us'), 0)}"
+                     + (" us" if _f(r.get("api_floor_barrier_us")) != "n/a" else "")
+                     for r in runs)),
         "",
     ]
     ceiling_cols = regime == "sm"

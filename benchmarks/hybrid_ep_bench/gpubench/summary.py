@@ -153,5 +153,6 @@ def summarize(cfg: GpuBenchConfig, spec: RunSpec, ranks: list[dict]) -> dict:
             "roofline_gbps": _mean(list(roofline.values())),
             "preprocess_kernels_us": 1e6 * _mean([r["preprocess_kernels_s"] for r in ranks]),
             "api_floor_us": 1e6 * _mean([r.get("api_floor_s") for r in ranks]),
+            "api_floor_barrier_us": 1e6 * _mean([r.get("api_floor_barrier_s") for r in ranks]),
             "verified": ranks[0]["verified"], "notes": notes, "ops": rows,
             "ceilings": ceilings, "raw": ranks}

@@ -130,6 +130,11 @@ void register_runtime(py::module_& m) {
            })
       .def("reset_transport_counters", &Runtime::reset_transport_counters)
       .def(
+          "barrier", [](Runtime& r, uintptr_t stream) { run_barrier(r, stream_of(stream)); },
+          py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+          "The barrier between operations alone, on `stream` (no stamp compared): the bench's "
+          "floor of a call that meets every rank.")
+      .def(
           "transport_check",
           [](Runtime& r, size_t bytes, int channel, uintptr_t stream) {
             return run_transport_check(r, bytes, channel, stream_of(stream));

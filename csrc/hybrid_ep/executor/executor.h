@@ -188,6 +188,11 @@ size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t strea
 // run_combine must say `claimed`.
 void claim_combine_input(Runtime& runtime, cudaStream_t stream);
 
+// The barrier between operations on its own (barrier.cpp), as a call's starts: every rank of
+// the domain (and, with several domains, its peers) meets; no stamp is compared. The bench
+// times it as the floor of a call that must meet every rank.
+void run_barrier(Runtime& runtime, cudaStream_t stream);
+
 // Copies between the caller's tensors and the registered buffer (buffer_copies.cpp).
 
 // Where a network put may read `bytes` of `source` from: `source` itself, or, when the backend's
