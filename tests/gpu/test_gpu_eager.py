@@ -1,8 +1,9 @@
 """The eager form between domains (HYBRID_EP_EAGER=1, p2p build) on one GPU: the multi-domain
 matrix and permute pairs pass with it; also with rings of 2 slots (a slot reused within a call,
 whose earlier chunk's tile signals must not pass for the later chunk's) and under the emulated
-wire (a tile becomes visible only at its emulated delivery); and the dispatch's counters are the
-reference's eager model: one put per (chunk, domain) with tokens, its tiles, no signal."""
+wire (a tile becomes visible only at its emulated delivery, which a slow wire's dispatch times
+show); and the dispatch's counters are the reference's eager model: one put per (chunk, domain)
+with tokens, its tiles, no signal."""
 
 from __future__ import annotations
 
@@ -59,3 +60,20 @@ def test_eager_counters(gpu_pools, dtype, pattern):
         if pattern == "dense":
             assert sent["puts"] == chunks, sent
         assert r["cuda_combine"]["signals"] == chunks and r["cuda_combine"]["eager_tiles"] == 0
+
+
+def test_tiles_wait_for_their_emulated_delivery(gpu_pools):
+    """2x1, dense routing, 1 GB/s wire: every rank's eager payload (~3.7 MB a call) takes the
+    emulated rail at least bytes / rate, so a dispatch that is correct and no faster than that
+    has waited for each tile's delivery instant, not only for its signal's value (which its
+    sender writes at once)."""
+    gbps = 1.0
+    results = gpu_pools.run(2, "shared", "slow_wire_dispatch", module="gpu_eager_cases", R=1,
+                            tokens=256, H=7168, spec=f"gbps={gbps:g},latency_us=3,op_ns=400",
+                            calls=3)
+    assert len(results) == 2 and all(r["checked"] == 3 for r in results), results
+    if results[0]["dry_run"]:  # a dry run times the reference engine
+        return
+    for r in results:
+        for seconds, sent in zip(r["seconds"], r["bytes"], strict=True):
+            assert sent > 3e6 and seconds >= sent / (gbps * 1e9), r
