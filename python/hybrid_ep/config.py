@@ -71,8 +71,9 @@ ENV_VARS = (
            "(the bytes of dispatch); fp32 puts them unrounded (twice the bytes)"),
     EnvVar("HYBRID_EP_P2P_WIRE", "off",
            "p2p build, several domains: an emulated NIC between domains, e.g. "
-           "gbps=50,latency_us=3,op_ns=400,rails=1 (GB/s per rail); a measurement aid, not a "
-           "network"),
+           "gbps=50,latency_us=3,op_ns=400,rails=1,atomic_rtt=1 (GB/s per rail; atomic_rtt=1 "
+           "holds a signal after writes one more round trip, a multi-path NIC's fence); a "
+           "measurement aid, not a network"),
     EnvVar("HYBRID_EP_PROB_PUTS", "run",
            "dispatch between domains: run puts a run of tokens' probs at once (restriped); token "
            "puts each token's probs on its own, as before the restripe (for comparison)"),

@@ -52,8 +52,8 @@ class WireSpec:
 
 
 def parse(text: str | None, variable: str = VARIABLE) -> WireSpec | None:
-    """``"gbps=50,latency_us=3,op_ns=400,rails=1"`` (any subset; the rest default), or None
-    for unset, empty or ``off``. Raises ValueError naming the variable."""
+    """``"gbps=50,latency_us=3,op_ns=400,rails=1,atomic_rtt=1"`` (any subset; the rest
+    default), or None for unset, empty or ``off``. Raises ValueError naming the variable."""
     if text is None or text.strip() in ("", "off", "0"):
         return None
     values: dict[str, float | int] = dict(DEFAULTS)
