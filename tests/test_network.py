@@ -50,6 +50,28 @@ def test_restripe_is_destination_major():
 CHUNK = 64
 
 
+@pytest.mark.parametrize(("dtype", "with_probs"), [("bf16", True), ("fp8", True), ("bf16", False)])
+def test_the_reference_counts_the_eager_form(pools, dtype, with_probs):
+    """HYBRID_EP_EAGER=1 on the reference engine (it models the p2p build's form): dense
+    routing, 2x2, 150 tokens, so chunks of 64, 64 and 22 tokens each one put of their records in
+    4 KiB tiles, no signal; the bytes are the tiles' wire bytes."""
+    from hybrid_ep.reference.network import RowWidths, eager_record, eager_tiles
+
+    tokens, R = 150, 2
+    out = pools.run(4, "cases.network", "dispatch_counters", R=R, pattern="dense", dtype=dtype,
+                    with_probs=with_probs, channels=1, my_tokens=tokens, max_tokens=tokens,
+                    eager=True)
+    widths = RowWidths(row=256 * (1 if dtype == "fp8" else 2),
+                       probs=4 * 2 * R if with_probs else 0, scales=8 if dtype == "fp8" else 0)
+    record = eager_record(widths)
+    assert record == (512 + (16 if with_probs else 0) if dtype == "bf16" else 256 + 16 + 16)
+    sent = [eager_tiles(n * record) for n in (64, 64, 22)]
+    for stats in out:
+        assert (stats["puts"], stats["signals"]) == (3, 0), stats
+        assert stats["eager_tiles"] == sum(t for t, _ in sent), stats
+        assert stats["bytes"] == sum(b for _, b in sent), stats
+
+
 @pytest.mark.parametrize(("dtype", "with_probs", "per_put"),
                          [("bf16", True, 2), ("fp8", True, 3), ("bf16", False, 1),
                           ("fp8", False, 2)])

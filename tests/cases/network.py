@@ -11,8 +11,9 @@ from .common import env, job_group, rank, world
 E = 2  # experts per rank
 
 
-def _buffer(R: int, tokens: int, channels: int, use_fp8: bool, hidden: int) -> HybridEPBuffer:
-    with env(HYBRID_EP_NUM_CHANNELS=channels):
+def _buffer(R: int, tokens: int, channels: int, use_fp8: bool, hidden: int,
+            eager: bool = False) -> HybridEPBuffer:
+    with env(HYBRID_EP_NUM_CHANNELS=channels, HYBRID_EP_EAGER="1" if eager else "0"):
         return HybridEPBuffer(job_group(), hidden, tokens, E, use_fp8=use_fp8,
                               num_sms_dispatch_api=4,
                               num_of_hybrid_ep_ranks_per_nvlink_domain=R)
@@ -45,10 +46,11 @@ def expected_runs(tokens: int, chunk: int) -> list[int]:
 
 
 def dispatch_counters(R: int, pattern: str, dtype: str, with_probs: bool, channels: int,
-                      my_tokens: int, max_tokens: int, calls: int = 1) -> dict:
+                      my_tokens: int, max_tokens: int, calls: int = 1, eager: bool = False
+                      ) -> dict:
     hidden = 256
     use_fp8 = dtype == "fp8"
-    buf = _buffer(R, max_tokens, channels, use_fp8, hidden)
+    buf = _buffer(R, max_tokens, channels, use_fp8, hidden, eager)
     rmap = counter_routing(my_tokens, pattern, R)
     if use_fp8:
         x = torch.randint(0, 256, (my_tokens, hidden), dtype=torch.uint8)
