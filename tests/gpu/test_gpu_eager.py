@@ -2,14 +2,16 @@
 matrix and permute pairs pass with it; also with rings of 2 slots (a slot reused within a call,
 whose earlier chunk's tile signals must not pass for the later chunk's) and under the emulated
 wire (a tile becomes visible only at its emulated delivery, which a slow wire's dispatch times
-show); and the dispatch's counters are the reference's eager model: one put per (chunk, domain)
-with tokens, its tiles, no signal."""
+show); a captured pair replayed (the device epoch keeps every replay's signals new); and the
+dispatch's counters are the reference's eager model: one put per (chunk, domain) with tokens,
+its tiles, no signal."""
 
 from __future__ import annotations
 
+import gpu_env
 import pytest
-from gpu_env import gpu_marks
-from gpu_specs import matrix_under_env, permute_under_env
+from gpu_env import gpu_marks, placement_param
+from gpu_specs import make_spec, matrix_under_env, permute_under_env, report
 from test_gpu_multi_domain import CHUNK, matrix_params, permute_params
 
 pytestmark = gpu_marks
@@ -77,3 +79,19 @@ def test_tiles_wait_for_their_emulated_delivery(gpu_pools):
     for r in results:
         for seconds, sent in zip(r["seconds"], r["bytes"], strict=True):
             assert sent > 3e6 and seconds >= sent / (gbps * 1e9), r
+
+
+@pytest.mark.skipif(gpu_env.DRY_RUN, reason="CUDA graphs need a GPU (dry run on the CPU)")
+@pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2")])
+def test_graph_replay_domains_eager(gpu_pools, record_property, W, placement, R):
+    """The eager form's signal values come from a device epoch that every dispatch kernel
+    advances: a captured non-blocking pair replayed 50 times with fresh inputs (the same
+    kernels, so the same parameters) stays equal to the reference every replay."""
+    spec = make_spec(W, H=1024, form="map", k=2, E=4, tokens="equal", max_tok=64,
+                     tag="graph-eager")
+    spec.update(pad=16, R=R)
+    results = gpu_pools.run(W, placement, "under_env", module="gpu_multi_domain_cases",
+                            timeout_s=240, environment=EAGER, case="graph_replay",
+                            cases_module="gpu_permute_cases", spec=spec, replays=50)
+    assert all(r["replays"] == 50 for r in results), results
+    report(record_property, results, label=f"graph replay eager {W // R}x{R}", dispatches=0)
