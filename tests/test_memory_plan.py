@@ -352,6 +352,16 @@ def test_cli_takes_the_ring_depth(capsys):
     assert rows["net_rows"] == f"{plan['net_rows']:,}"
 
 
+def test_cli_takes_the_eager_form(capsys):
+    assert cli.main(["memory", "--world", "32", "--ranks-per-domain", "8", "--hidden", "7168",
+                     "--tokens", "4096", "--experts-per-rank", "8", "--eager", "1"]) == 0
+    plan = hybrid_ep.memory_plan(32, 8, 7168, 4096, 8, eager=True)
+    assert plan["net_probs"] == 0
+    rows = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]
+            if not line.startswith("-")}
+    assert rows["net_rows"] == f"{plan['net_rows']:,}" and rows["net_probs"] == "0"
+
+
 def test_cli_rejects_a_bad_config(capsys):
     with pytest.raises(SystemExit) as caught:
         cli.main(["memory", "--world", "12", "--ranks-per-domain", "8", "--hidden", "7168",

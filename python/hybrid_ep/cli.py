@@ -102,7 +102,8 @@ def _memory(args) -> int:
         plan = memory_plan(args.world, args.ranks_per_domain, args.hidden, args.tokens,
                            args.experts_per_rank, combine_wire=args.combine_wire,
                            max_num_of_tokens_for_experts=args.max_tokens_for_experts,
-                           net_ring_chunks=args.net_ring_chunks)
+                           net_ring_chunks=args.net_ring_chunks,
+                           eager={None: None, "0": False, "1": True}[args.eager])
     except (TypeError, ValueError) as error:
         raise SystemExit(f"hybrid-ep memory: {error}") from None
     print(format_table(plan))
@@ -149,6 +150,9 @@ def main(argv=None) -> int:
                    help="chunk slots per other domain of the rings between domains (default: "
                         "HYBRID_EP_NET_RING_CHUNKS, else every chunk while the ring stays within "
                         "256 MiB, else the deepest ring within 64 MiB)")
+    m.add_argument("--eager", choices=("0", "1"), default=None,
+                   help="1: the rows between domains in the eager form's tiles (default: "
+                        "HYBRID_EP_EAGER where the build has the form, else 0)")
     m.add_argument("--json", help="also write the plan (region -> bytes) to this JSON file")
     m.set_defaults(func=_memory)
     args = parser.parse_args(argv)
