@@ -49,8 +49,7 @@ struct EagerReader {
   __device__ void load(const Ring& ring, int stage, int64_t k) const {
     const int64_t begin = payload.row_at(k), end = begin + payload.record;
     for (int64_t b = begin; b < end;) {
-      const int64_t tile_end = (b / EagerTiles::kDataBytes + 1) * EagerTiles::kDataBytes;
-      const int64_t piece = (end < tile_end ? end : tile_end) - b;
+      const int64_t piece = EagerTiles::piece(b, end);
       ring.load(stage, uint32_t(b - begin), slot + EagerTiles::wire_offset(b), uint32_t(piece));
       b += piece;
     }

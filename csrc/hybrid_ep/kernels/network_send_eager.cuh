@@ -34,8 +34,7 @@ struct EagerWriter {
   // All lanes: payload bytes [at, at + n) from `src`, split where tiles end.
   __device__ void store(int64_t at, const uint8_t* src, int64_t n, int lane) const {
     for (int64_t b = at, end = at + n; b < end;) {
-      const int64_t tile_end = (b / EagerTiles::kDataBytes + 1) * EagerTiles::kDataBytes;
-      const int64_t piece = (end < tile_end ? end : tile_end) - b;
+      const int64_t piece = EagerTiles::piece(b, end);
       warp_copy(slot + EagerTiles::wire_offset(b), src + (b - at), size_t(piece), lane);
       b += piece;
     }

@@ -72,6 +72,12 @@ struct EagerTiles {
   __host__ __device__ static constexpr int64_t slot_bytes(int64_t bytes) {
     return count(bytes) * kTileBytes;
   }
+  // Payload bytes from b on that lie in b's tile, up to `end`: a copy of [b, end) in the slot
+  // is one contiguous piece per tile.
+  __host__ __device__ static constexpr int64_t piece(int64_t b, int64_t end) {
+    const int64_t tile_end = (b / kDataBytes + 1) * kDataBytes;
+    return (end < tile_end ? end : tile_end) - b;
+  }
   // The tiles holding payload bytes [begin, end) (end > begin): first and last, inclusive.
   __host__ __device__ static constexpr int64_t first_tile(int64_t begin) {
     return begin / kDataBytes;
