@@ -83,3 +83,14 @@ def test_signal_values_are_nonzero_and_distinct_until_the_epoch_wraps():
     # Later calls of one slot expect larger values (until the wrap), and the epoch wraps at 2^40.
     assert value(5, 3) < value(6, 0) < value(6, 1)
     assert value(1 << 40, 7) == value(0, 7)
+
+
+@pytest.mark.parametrize("rows,row_bytes,prob_bytes,scale_bytes", CASES)
+def test_the_reference_counts_the_kernels_tiles(rows, row_bytes, prob_bytes, scale_bytes):
+    """The reference engine's eager counts (reference/network.py) use the same record and tile
+    arithmetic as the kernels."""
+    from hybrid_ep.reference.network import RowWidths, eager_record, eager_tiles
+
+    got = native.module().eager_tiles(rows, row_bytes, prob_bytes, scale_bytes)
+    assert eager_record(RowWidths(row_bytes, prob_bytes, scale_bytes)) == got["record"]
+    assert eager_tiles(got["bytes"]) == (len(got["tiles"]), got["wire_bytes"])

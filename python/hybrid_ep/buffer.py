@@ -144,6 +144,9 @@ class HybridEPBuffer:
             num_channels=env.num_channels,
             max_num_of_tokens_for_experts=max_num_of_tokens_for_experts,
         )
+        # Decided once per buffer, for both engines (the reference engine models its counts).
+        self._eager = transport_options.eager_in_effect(transport_options.build_transport(),
+                                                        self.num_of_nodes, env.eager)
         self._reference = self._new_reference(experts, self._new_sends())
         self._cuda_engine = None
         self._handles = itertools.count(1)  # ids of the handles this buffer makes (CallStamp)
@@ -178,10 +181,8 @@ class HybridEPBuffer:
     # -- shared steps ----------------------------------------------------------------------------
     def _new_reference(self, experts: int, sends: network.TransportStats) -> ReferenceEngine:
         env = self._env
-        eager = transport_options.eager_in_effect(transport_options.build_transport(),
-                                                  self.num_of_nodes, env)
         return ReferenceEngine(self.group, self.topology, experts, self._rendezvous, sends,
-                               env.timeout_s, env.combine_wire, env.prob_puts, eager)
+                               env.timeout_s, env.combine_wire, env.prob_puts, self._eager)
 
     def _new_sends(self) -> network.TransportStats:
         return network.TransportStats.with_channels(self.config.num_channels)
@@ -219,7 +220,7 @@ class HybridEPBuffer:
             from .cuda_engine import CudaEngine
 
             self._cuda_engine = CudaEngine(self.group, self.topology, self.config, self._env,
-                                           self.use_mnnvl, self._rendezvous)
+                                           self.use_mnnvl, self._rendezvous, eager=self._eager)
         elif engine.config is not self.config and not engine.matches(self.config):
             # (The same config object: nothing changed since the engine was built for it, and
             # the field-by-field check cost microseconds of every call.)

@@ -53,7 +53,7 @@ class CudaEngine(Engine):
     fuses = True
 
     def __init__(self, group, topo: Topology, config: HybridEPConfig, env: EnvSettings,
-                 use_mnnvl: bool, rendezvous):
+                 use_mnnvl: bool, rendezvous, eager: bool = False):
         if topo.group_size > 64:
             raise ValueError(f"group: {topo.group_size} ranks; the CUDA engine supports at most "
                              "64 per group")
@@ -62,6 +62,7 @@ class CudaEngine(Engine):
         self.env = env
         self.rendezvous = rendezvous  # bounded host exchanges (rendezvous.py)
         self.use_mnnvl = use_mnnvl
+        self.eager = eager  # HYBRID_EP_EAGER in effect (HybridEPBuffer decides it once)
         self.experts = config.num_local_experts
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._fresh_layout = False  # a blocking preprocess's summary is still to be read
@@ -110,8 +111,7 @@ class CudaEngine(Engine):
         rc.combine_wire_fp32 = self.env.combine_wire == "fp32"
         rc.prob_puts_per_token = self.env.prob_puts == "token"
         rc.net_ring_chunks = self.env.net_ring_chunks
-        rc.eager = transport_options.eager_in_effect(
-            C.build_info()["transport"], self.topo.num_of_nodes, self.env)
+        rc.eager = self.eager
         rc.withhold_dispatch_credits = self.env.fault == "withhold_dispatch_credits"
         rc.withhold_combine_credits = self.env.fault == "withhold_combine_credits"
         rc.stage_network_sources = self.env.fault == "stage_network_sources"

@@ -119,8 +119,9 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
     pool = v.require_int("zero_copy_pool_bytes", pool, minimum=0)
     eager = options.get("eager")
     if eager is None:
-        eager = (env_choice("HYBRID_EP_EAGER", "0", ("0", "1")) == "1"
-                 and transport_options.build_transport() in transport_options.EAGER_BUILDS)
+        eager = transport_options.eager_in_effect(
+            transport_options.build_transport(), world // ranks,
+            env_choice("HYBRID_EP_EAGER", "0", ("0", "1")) == "1", warn=False)
     elif not isinstance(eager, bool):
         raise TypeError(f"eager={eager!r}: expected True or False")
     sizes = native.module().buffer_layout(world, ranks, experts, tokens, hidden, chunk,

@@ -54,14 +54,15 @@ def build_transport() -> str:
     return "p2p" if isinstance(C, ImportError) else C.build_info()["transport"]
 
 
-def eager_in_effect(transport: str, nodes: int, env) -> bool:
-    """Whether a buffer's dispatch between domains uses the eager form: HYBRID_EP_EAGER=1, several
-    domains and a build that has it; another build warns once and signals as before."""
-    if not env.eager or nodes == 1:
+def eager_in_effect(transport: str, nodes: int, eager: bool, warn: bool = True) -> bool:
+    """Whether a buffer's dispatch between domains uses the eager form: ``eager``
+    (HYBRID_EP_EAGER=1), several domains and a build that has it; another build signals as
+    before and (``warn``) says so once."""
+    if not eager or nodes == 1:
         return False
     if transport in EAGER_BUILDS:
         return True
-    if transport not in _warned_eager:
+    if warn and transport not in _warned_eager:
         _warned_eager.add(transport)
         warnings.warn(f"HYBRID_EP_EAGER=1: the {transport} build has no eager form yet (only "
                       f"{', '.join(EAGER_BUILDS)}); its dispatch signals each chunk as before",
