@@ -186,7 +186,7 @@ def test_max_net_tensors_matches_the_kernels():
 
 def test_sending_warps_match_the_kernels():
     kernels = ROOT / "csrc" / "hybrid_ep" / "kernels"
-    dispatch = re.search(r"kNetworkWarps = (\d+);", (kernels / "dispatch.cu").read_text())
+    dispatch = re.search(r"kNetworkWarps = (\d+);", (kernels / "dispatch_block.cuh").read_text())
     combine = re.search(r"kNetworkWarps = (\d+);", (kernels / "combine_ring.cuh").read_text())
     most = max(int(dispatch[1]), int(combine[1]))
     assert doca.SENDING_WARPS_PER_BLOCK >= most

@@ -17,10 +17,10 @@ from . import nic_topology
 # (csrc/hybrid_ep/kernels/network_send.cuh, kMaxNetTensors).
 MAX_NET_TENSORS = 3
 # Warps of one block that send, each holding at most one chunk's work requests unrung: at
-# least the dispatch's 4 network warps (kernels/dispatch.cu, kNetworkWarps) and the combine's 2
-# (kernels/combine_ring.cuh). Kept at 8, the count of the combine's old network kernel, so that the
-# default queue depths (and the channels they need) stay those tested until a NIC run shows
-# the tighter bound suffices.
+# least the dispatch's 4 network warps (kernels/dispatch_block.cuh, kNetworkWarps) and the
+# combine's 2 (kernels/combine_ring.cuh). Kept at 8, the count of the combine's old network
+# kernel, so that the default queue depths (and the channels they need) stay those tested until
+# a NIC run shows the tighter bound suffices.
 SENDING_WARPS_PER_BLOCK = 8
 # DOCA GPUNetIO indexes the send queue with 16 bits: the largest power-of-two depth.
 MAX_QP_DEPTH = 32768
