@@ -422,8 +422,9 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchParams p)
         break;
       case Role::kNetwork:
         if (p.domain.nodes > 1) {
-          const int w = network_warp_index(warp);
-          send_own_chunks(p, *s.epoch, s.runs + w * run_count(p.chunk), w, kNetworkWarps, lane);
+          const EagerCrew crew{network_warp_index(warp), kNetworkWarps, kNetworkBarrier,
+                               s.eager_due};
+          send_own_chunks(p, *s.epoch, s.runs + crew.warp * run_count(p.chunk), crew, lane);
         }
         break;
     }

@@ -9,6 +9,7 @@
 #include "hybrid_ep/kernels/common/smem_plan.h"
 #include "hybrid_ep/kernels/common/token_runs.cuh"
 #include "hybrid_ep/kernels/params.h"
+#include "hybrid_ep/transport/eager_delivery.h"
 
 namespace hybrid_ep {
 namespace dispatch {
@@ -19,7 +20,8 @@ constexpr int kStoreWarps = 4;
 // GB/s, far below what the network leg needs with several domains.
 constexpr int kNetworkWarps = 4;
 constexpr int kThreads = 32 * (1 + kStoreWarps + kNetworkWarps);
-constexpr uint32_t kStoreBarrier = 1;  // named barrier of the store warps
+constexpr uint32_t kStoreBarrier = 1;    // named barrier of the store warps
+constexpr uint32_t kNetworkBarrier = 2;  // of the network warps (an eager chunk's crew)
 // Each store warp holds one stage while it waits for its next item, so the ring needs two
 // stages per store warp to never starve the loader.
 constexpr int kMinStages = 2 * kStoreWarps;
@@ -91,10 +93,10 @@ __host__ __device__ constexpr int run_count(int chunk) { return (chunk + 1) / 2;
 
 // The block's shared memory, one plan for the carve and the size: the ring, then the rows'
 // targets, the routes of two chunks (the loader's, the store warps'), the network warps' runs,
-// the chunk arrivals and the eager epoch.
+// the chunk arrivals, the eager epoch and an eager put's delivery.
 struct SmemParts {
   SmemPlan plan;
-  size_t targets = 0, routes = 0, runs = 0, arrivals = 0, epoch = 0;  // offsets
+  size_t targets = 0, routes = 0, runs = 0, arrivals = 0, epoch = 0, eager_due = 0;  // offsets
 
   __host__ __device__ static SmemParts make(int stride, int stages, int chunk, int ranks) {
     SmemParts m{SmemPlan(stride, stages)};
@@ -103,6 +105,7 @@ struct SmemParts {
     m.runs = m.plan.place<TokenRun>(size_t(run_count(chunk)) * kNetworkWarps);
     m.arrivals = m.plan.place<int>(4);
     m.epoch = m.plan.place<uint64_t>(1);
+    m.eager_due = m.plan.place<EagerDelivery>(1);
     return m;
   }
   __host__ __device__ static SmemParts of(const DispatchParams& p) {
@@ -116,10 +119,11 @@ struct Smem {
   // load sat in a store lane's chain for every destination of every row.
   RowTargets* targets;
   ChunkRoutes loader_routes, store_routes;
-  TokenRun* runs;        // the network warps' scratch, run_count(chunk) each
-  int* chunk_arrivals;   // [2] fused with permute: store warps done with a chunk, by parity
-  int* credit_arrivals;  // [2] several domains: store warps done with a peer's chunk, by parity
-  uint64_t* epoch;       // the eager form's epoch of this kernel (EagerEpoch)
+  TokenRun* runs;            // the network warps' scratch, run_count(chunk) each
+  int* chunk_arrivals;       // [2] fused with permute: store warps done with a chunk, by parity
+  int* credit_arrivals;      // [2] several domains: store warps done with a peer's chunk, by parity
+  uint64_t* epoch;           // the eager form's epoch of this kernel (EagerEpoch)
+  EagerDelivery* eager_due;  // the network warps' current eager put (EagerCrew)
   StageLayout layout;
 };
 
@@ -136,6 +140,7 @@ __device__ __forceinline__ Smem carve(uint8_t* base, const DispatchParams& p) {
   s.chunk_arrivals = reinterpret_cast<int*>(base + m.arrivals);
   s.credit_arrivals = s.chunk_arrivals + 2;
   s.epoch = reinterpret_cast<uint64_t*>(base + m.epoch);
+  s.eager_due = reinterpret_cast<EagerDelivery*>(base + m.eager_due);
   return s;
 }
 

@@ -15,9 +15,11 @@ namespace hybrid_ep {
 // pairs, the runs of this rank's tokens of the chunk that go to that domain's peer, on channel
 // blockIdx.x % channels. Chunk c waits for the credit of chunk c - K (its slot's previous
 // chunk); a wait that timed out sends all the same, so that the receiver does not hang. In the
-// eager form (p.eager) the chunk goes as records in tiles, signalled with `epoch`'s values.
+// eager form (p.eager) the chunk goes as records in tiles, signalled with `epoch`'s values, and
+// every network warp of the block sends each pair together (`crew`, its share of the tiles).
 inline __device__ void send_own_chunks(const DispatchParams& p, uint64_t epoch, TokenRun* runs,
-                                       int w, int warps, int lane) {
+                                       const EagerCrew& crew, int lane) {
+  const int w = crew.warp, warps = crew.warps;
   const DomainView& d = p.domain;
   const int T = p.max_tokens;
   const int K = p.ring_chunks;
@@ -26,30 +28,38 @@ inline __device__ void send_own_chunks(const DispatchParams& p, uint64_t epoch, 
   const int others = d.nodes - 1;
   const int my_chunks =
       (p.max_chunks - int(blockIdx.x) + p.dispatch_blocks - 1) / p.dispatch_blocks;
-  for (int pair = w; pair < my_chunks * others; pair += warps) {
+  const int first_pair = p.eager ? 0 : w, pair_step = p.eager ? 1 : warps;
+  for (int pair = first_pair; pair < my_chunks * others; pair += pair_step) {
     const int c = blockIdx.x + (pair / others) * p.dispatch_blocks;
     const int first = min(c * p.chunk, T), last = min(first + p.chunk, T);
     const int k = pair % others;
     const int node = other_domain(k, d.node_rank);
-    if (c >= K) wait_credit(d, p.dispatch_credits, node, c - K, WaitSite::kDispatchCredit, lane);
+    // One wait per chunk (each counts the flag's expected value); in the eager form the crew's
+    // barrier orders the other warps' stores after warp 0's.
+    if (c >= K && (!p.eager || w == 0)) {
+      wait_credit(d, p.dispatch_credits, node, c - K, WaitSite::kDispatchCredit, lane);
+    }
     // Where this rank's tokens land at that peer: its ring for this domain, slot c % K.
     const int64_t base = ring_token_base(other_domain_index(d.node_rank, node), c, K, p.chunk);
     const bool* goes = p.attn_to_rdma_map + k;
     const auto selected = [&](int t) { return t < tokens && goes[int64_t(t) * others]; };
     if (p.eager) {
       const int64_t slot = int64_t(other_domain_index(d.node_rank, node)) * K + c % K;
-      const EagerSources src{
-          p.net_hidden,
-          reinterpret_cast<const uint8_t*>(p.restriped_probs + size_t(node) * T * p.prob_cols),
-          reinterpret_cast<const uint8_t*>(p.net_scales_src),
-          p.row_bytes,
-          p.probs != nullptr ? int(p.prob_cols * sizeof(float)) : 0,
-          p.scales != nullptr ? int(p.scale_cols * sizeof(float)) : 0};
+      // A part not sent has no source (an offset from a null one would read as unaligned).
+      const bool probs = p.probs != nullptr, scales = p.scales != nullptr;
+      const EagerSources src{p.net_hidden,
+                             probs ? reinterpret_cast<const uint8_t*>(
+                                         p.restriped_probs + size_t(node) * T * p.prob_cols)
+                                   : nullptr,
+                             scales ? reinterpret_cast<const uint8_t*>(p.net_scales_src) : nullptr,
+                             p.row_bytes,
+                             probs ? int(p.prob_cols * sizeof(float)) : 0,
+                             scales ? int(p.scale_cols * sizeof(float)) : 0};
       send_chunk_eager(
           p.transport, channel,
           TransportDevice::mapped(p.transport, node) + p.net_rows + slot * p.eager_slot_bytes,
           selected, first, last, src, eager_signal_value(epoch, uint32_t(c)),
-          reinterpret_cast<int*>(runs), lane);
+          reinterpret_cast<int*>(runs), crew, lane);
       continue;
     }
     const NetTensor tensors[kMaxNetTensors] = {
