@@ -104,20 +104,33 @@ __device__ uint32_t load_rows(const DispatchParams& p, const Smem& s, int lane) 
     for (int base = 0; base < tokens; base += 32) {
       const uint32_t leaving = leaving_tokens(s.loader_routes, base, tokens, skip, lane);
       item += __popc(leaving);
+      if (eager) {  // the whole warp waits for the records' tiles, lane 0 loads them
+        for (uint32_t m = leaving; m != 0; m &= m - 1, ++record) {
+          int stage = 0;
+          if (lane == 0) {
+            stage = at.stage;
+            s.ring.acquire(at);
+            at.advance(1, s.ring.stages);
+          }
+          if (arrived) arrived = reader.wait_record(record, p.domain, node, c, lane);
+          if (lane != 0) continue;
+          if (!arrived) {
+            s.ring.skip(stage);
+            continue;
+          }
+          s.ring.expect(stage, uint32_t(reader.payload.record));
+          reader.load(s.ring, stage, record);
+        }
+        continue;
+      }
       if (lane != 0) continue;
       for (uint32_t m = leaving; m != 0; m &= m - 1) {
         const int t = r.first + base + __ffs(m) - 1;
         const int stage = at.stage;
         s.ring.acquire(at);
         at.advance(1, s.ring.stages);
-        if (eager && arrived) arrived = reader.wait_record(record, p.domain, node, c);
         if (!arrived) {
           s.ring.skip(stage);
-          continue;
-        }
-        if (eager) {
-          s.ring.expect(stage, uint32_t(reader.payload.record));
-          reader.load(s.ring, stage, record++);
           continue;
         }
         s.ring.expect(stage, s.layout.bytes(p.side_by_tma));
