@@ -319,8 +319,8 @@ def effective_env() -> list[tuple[EnvVar, str, str | None]]:
 
 
 # Without max_num_of_tokens_for_experts the receive regions hold every token of up to this many
-# ranks: W*T rows, the worst case (nothing is ever dropped), in every group the CUDA engine runs
-# (at most 64 ranks); past that 64*T rows (docs/usage.md, "The receive cap").
+# ranks: W*T rows, the worst case (nothing is ever dropped), in groups of up to 64 ranks; past
+# that 64*T rows, which a 64 x 8 job can allocate (docs/usage.md, "The receive cap").
 DEFAULT_RECEIVE_SOURCES = 64
 
 

@@ -74,8 +74,8 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
         net_rows then holds every chunk's records in tiles and net_probs, net_scales are empty
         (default: HYBRID_EP_EAGER, else False; as in a buffer, only the p2p build has the form).
 
-    It reports what the layout needs at any size: the CUDA engine's limit of 64 ranks per
-    group does not apply. Unknown options raise TypeError; a bad value raises ValueError (or
+    It reports what the layout needs at any size: the CUDA engine's limits (docs/engine.md,
+    "Limits") do not apply. Unknown options raise TypeError; a bad value raises ValueError (or
     TypeError for a non-int) naming the argument, the value and what was expected.
     """
     unknown = sorted(set(options) - set(_OPTIONS))

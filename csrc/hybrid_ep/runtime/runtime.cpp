@@ -1,7 +1,9 @@
 #include "hybrid_ep/runtime/runtime.h"
 
 #include <algorithm>
+#include <climits>
 #include <stdexcept>
+#include <string>
 
 #include "hybrid_ep/common/cuda_check.h"
 #include "hybrid_ep/common/device_info.h"
@@ -22,6 +24,31 @@ int ring_stages(int wanted, int minimum, size_t stage_bytes, size_t reserved, in
                                 " are needed (hidden too large for this GPU)");
   }
   return std::clamp(wanted, minimum, fit);
+}
+
+// What the kernels can index, checked before anything is allocated (and again on growth). The
+// per-token destination masks hold one domain's ranks in 64 bits; the all-gather waits for each
+// domain on a thread of one block; row numbers of the received rows (W x T) and the permute's
+// row sources (W x T x E) are 32-bit; the permute layout's shared memory holds 8 bytes per
+// local expert without an opt-in.
+void check_group_limits(const RuntimeConfig& c) {
+  constexpr int64_t kInt32 = INT32_MAX;
+  const int64_t rows = int64_t(c.world) * c.max_tokens;
+  const auto fail = [](const std::string& what) {
+    throw std::invalid_argument(what + " (the CUDA engine's limits, docs/engine.md)");
+  };
+  if (c.ranks > 64) fail("ranks per NVLink domain " + std::to_string(c.ranks) + " > 64");
+  if (c.nodes > 1024) fail("NVLink domains " + std::to_string(c.nodes) + " > 1024");
+  if (rows > kInt32) {
+    fail("group size x max_num_of_tokens_per_rank = " + std::to_string(rows) + " > 2^31 - 1");
+  }
+  if (rows * c.experts_per_rank > kInt32) {
+    fail("group size x max_num_of_tokens_per_rank x experts per rank = " +
+         std::to_string(rows * c.experts_per_rank) + " > 2^31 - 1");
+  }
+  if (c.experts_per_rank > 6144) {
+    fail("experts per rank " + std::to_string(c.experts_per_rank) + " > 6144");
+  }
 }
 
 }  // namespace
@@ -51,9 +78,7 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   if (config_.world != config_.ranks * config_.nodes) {
     throw std::invalid_argument("world must equal ranks per domain x domains");
   }
-  if (config_.world > 64) {
-    throw std::invalid_argument("at most 64 ranks per group are supported (metadata masks)");
-  }
+  check_group_limits(config_);
   shape_ = shape_of(config_);
   layout_ = BufferLayout::make(shape_);
   TransportSetup setup{nullptr,
