@@ -21,7 +21,9 @@ int ring_stages(int wanted, int minimum, size_t stage_bytes, size_t reserved, in
     throw std::invalid_argument("ring stages of " + std::to_string(stage_bytes) + " bytes: only " +
                                 std::to_string(fit) + " fit in shared memory, " +
                                 std::to_string(minimum) +
-                                " are needed (hidden too large for this GPU)");
+                                " are needed (rows too wide for this GPU, or more sources -- "
+                                "ranks of a domain, or domains in the combine's final pass -- "
+                                "than its shared memory holds a stage each)");
   }
   return std::clamp(wanted, minimum, fit);
 }
