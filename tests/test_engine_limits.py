@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hybrid_ep import native
-from hybrid_ep.cuda_engine import check_limits
+from hybrid_ep.limits import check_limits
 from hybrid_ep.topology import Topology
 
 
