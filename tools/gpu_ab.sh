@@ -7,7 +7,9 @@
 #   AB_TREES="base=.gpu-runs/base head=." AB_BENCH="--nodes 2 --channels 1 --iters 10 --warmup 2" \
 #     bash tools/gpu_ab.sh OUT_DIR [--rounds N] [--dry-run]
 #
-# AB_TREES: label=folder pairs (relative to the repository root or absolute) (a folder holds a source tree, e.g. `git archive REV | tar x`).
+# AB_TREES: label=folder pairs (relative to the repository root or absolute) (a folder holds a source tree, e.g. `git archive REV | tar x`);
+# label=folder@VAR=value,... also sets those variables for that label's runs, so that settings
+# of one tree interleave like trees (a folder named by several labels is built once).
 # AB_BENCH: the arguments of `python3 -m hybrid_ep bench --device cuda` (default: the
 # multi-domain bench at 2 domains). AB_ENV (optional): VAR=value,... set for every bench run.
 # AB_ARCH: CUDA architectures of the builds (default 90a). Prints one line per run and writes
@@ -35,12 +37,22 @@ BENCH="${AB_BENCH:---nodes 2 --channels 1 --iters 10 --warmup 2}"
 IFS=, read -ra EXTRA <<< "${AB_ENV:-}"
 run() { if [ "$DRY" = 1 ]; then echo "+ $*"; else "$@"; fi; }
 
-declare -A FOLDER
+declare -A FOLDER TREE_ENV
 LABELS=()
 for pair in $AB_TREES; do
   label="${pair%%=*}" folder="${pair#*=}"
   if [ "$label" = "$pair" ] || [ -z "$label" ]; then
-    echo "gpu_ab.sh: AB_TREES entry '$pair' is not label=folder" >&2; exit 2
+    echo "gpu_ab.sh: AB_TREES entry '$pair' is not label=folder[@VAR=value,...]" >&2; exit 2
+  fi
+  TREE_ENV[$label]=""
+  if [ "${folder#*@}" != "$folder" ]; then
+    TREE_ENV[$label]="${folder#*@}" folder="${folder%%@*}"
+    for setting in ${TREE_ENV[$label]//,/ }; do
+      case "$setting" in
+        [A-Za-z_]*=*) ;;
+        *) echo "gpu_ab.sh: $label: '$setting' is not VAR=value" >&2; exit 2 ;;
+      esac
+    done
   fi
   [ -d "$ROOT/$folder" ] && folder="$ROOT/$folder"
   if [ ! -f "$folder/CMakePresets.json" ]; then
@@ -75,7 +87,12 @@ build() {  # label
     echo "built $1 at $SECONDS s" ||
     { echo "BUILD FAILED: $1 (logs in $OUT)"; return 1; }
 }
-for label in "${LABELS[@]}"; do (cd "${FOLDER[$label]}" && build "$label") & done
+declare -A BUILT  # folder -> the label whose logs its build writes
+for label in "${LABELS[@]}"; do
+  [ -n "${BUILT[${FOLDER[$label]}]:-}" ] && continue
+  BUILT[${FOLDER[$label]}]="$label"
+  (cd "${FOLDER[$label]}" && build "$label") &
+done
 wait
 for label in "${LABELS[@]}"; do
   ls "${FOLDER[$label]}"/python/hybrid_ep/_C*.so >/dev/null 2>&1 || [ "$DRY" = 1 ] || exit 1
@@ -84,8 +101,9 @@ done
 for round in $(seq 1 "$ROUNDS"); do
   for label in "${LABELS[@]}"; do
     dir="${FOLDER[$label]}" tag="$label-r$round"
+    IFS=, read -ra SETTINGS <<< "${TREE_ENV[$label]}"
     # shellcheck disable=SC2086  # AB_BENCH is a list of arguments
-    (cd "$dir" && run env "${EXTRA[@]}" PYTHONPATH="$dir/python:$dir/benchmarks" \
+    (cd "$dir" && run env "${EXTRA[@]}" "${SETTINGS[@]}" PYTHONPATH="$dir/python:$dir/benchmarks" \
       timeout 300 python3 -m hybrid_ep bench --device cuda $BENCH --out-dir "$OUT/$tag" \
       > "$OUT/$tag.log" 2>&1)
     [ "$DRY" = 1 ] && continue
