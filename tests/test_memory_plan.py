@@ -111,7 +111,9 @@ def test_rings_hold_k_chunks_per_other_domain(world, ranks, ring, slots):
 def test_eager_rings_hold_records_in_tiles(world, ranks, ring):
     """HYBRID_EP_EAGER: each of the (N - 1) x K slots of net_rows holds a chunk's records (the
     widest: a BF16 row with its probs, or an FP8 row with probs and scales) in whole 4 KiB tiles
-    of 4080 data bytes; net_probs and net_scales are empty; the runtime allocates the same."""
+    of 4080 data bytes, and each slot of net_partials a chunk's combine records (a partial at
+    the wire's width and its probs); net_probs, net_scales and net_partial_probs are empty; the
+    epochs are two words per operation; the runtime allocates the same."""
     hidden, tokens, chunk = 1024, 500, 64
     options = {} if ring is None else {"net_ring_chunks": ring}
     plan = hybrid_ep.memory_plan(world, ranks, hidden, tokens, 2, combine_wire="bf16",
@@ -122,8 +124,9 @@ def test_eager_rings_hold_records_in_tiles(world, ranks, ring):
     record = max(hidden * 2 + probs, hidden + probs + hidden // 128 * 4)
     slot = -(-(chunk * record) // 4080) * 4096
     assert plan["net_rows"] == slots * slot
-    assert plan["net_probs"] == plan["net_scales"] == 0
-    assert plan["eager_epoch"] == 16
+    assert plan["net_probs"] == plan["net_scales"] == plan["net_partial_probs"] == 0
+    assert plan["net_partials"] == slots * -(-(chunk * (hidden * 2 + probs)) // 4080) * 4096
+    assert plan["eager_epoch"] == 32
     C = native.module()
     rc = C.RuntimeConfig()
     rc.world, rc.ranks, rc.nodes = world, ranks, world // ranks

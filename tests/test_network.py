@@ -132,6 +132,29 @@ def test_combine_sends_partials_back_per_chunk_and_domain(pools, with_probs, wir
             assert stats["puts"] == stats["dispatch"]["puts"], stats
 
 
+@pytest.mark.parametrize(("pattern", "wire", "with_probs"),
+                         [("dense", "bf16", True), ("dense", "fp32", False), ("runs", "bf16", True)])
+def test_the_reference_counts_the_eager_combine(pools, pattern, wire, with_probs):
+    """HYBRID_EP_EAGER=1, 2x2, 150 tokens (chunks of 64, 64, 22): each (chunk, domain) with
+    tokens that came is one put of their records (partial at the wire's width, then probs) in
+    4 KiB tiles, no signal; a chunk with none sends nothing."""
+    from hybrid_ep.reference.network import RowWidths, eager_record, eager_tiles
+
+    tokens, R, hidden = 150, 2, 256
+    out = pools.run(4, "cases.network", "combine_counters", R=R, pattern=pattern,
+                    with_probs=with_probs, tokens=tokens, wire=wire, eager=True)
+    record = eager_record(RowWidths(row=(2 if wire == "bf16" else 4) * hidden,
+                                    probs=4 * 2 * R if with_probs else 0, scales=0))
+    # The tokens of each chunk that go to the other domain ("runs": t % 10 < 4).
+    came = [sum(1 for t in range(first, min(first + CHUNK, tokens))
+                if pattern == "dense" or t % 10 < 4) for first in range(0, tokens, CHUNK)]
+    sent = [eager_tiles(n * record) for n in came if n]
+    for stats in out:
+        assert (stats["puts"], stats["signals"]) == (len(sent), 0), stats
+        assert stats["eager_tiles"] == sum(t for t, _ in sent), stats
+        assert stats["bytes"] == sum(b for _, b in sent), stats
+
+
 def test_channels_take_chunks_round_robin_by_block(pools):
     """4 blocks, 2 channels, 5 chunks: chunk c goes to block c % 4, channel block % 2."""
     tokens = 300

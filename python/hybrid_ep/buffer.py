@@ -280,8 +280,8 @@ class HybridEPBuffer:
         network leg: one put per maximal run of consecutive tokens per tensor (rows, probs, FP8
         scales) and one signal per (chunk, destination domain), or in the eager form
         (HYBRID_EP_EAGER=1) one put per (chunk, domain) with tokens, its 4 KiB tiles counted as
-        eager_tiles and no signal; combine's: the same as signalled dispatch for the partial sums
-        and partial probs going back. Calls inside one NVLink domain send nothing over the
+        eager_tiles and no signal; combine's: the same as dispatch's (signalled, or eager) for
+        the partial sums and partial probs going back. Calls inside one NVLink domain send nothing over the
         network. The CUDA engine reads its device counters (a synchronisation); the reference
         engine models them. Control traffic (barriers, the routing all-gather) is not counted."""
         sends = self._reference.sends

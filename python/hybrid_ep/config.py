@@ -78,7 +78,8 @@ ENV_VARS = (
            "dispatch between domains: run puts a run of tokens' probs at once (restriped); token "
            "puts each token's probs on its own, as before the restripe (for comparison)"),
     EnvVar("HYBRID_EP_EAGER", "0",
-           "several domains: 1 sends the dispatch's rows between domains in the eager form, "
+           "several domains: 1 sends the dispatch's rows and the combine's partials between "
+           "domains in the eager form, "
            "records in 4 KiB tiles that each carry their own signal (no signal after a chunk, "
            "none for an empty one); p2p build only so far, other builds warn and signal "
            "(docs/multi-domain.md, \"Eager form\")"),

@@ -38,10 +38,10 @@ def wire_options(transport: str, nodes: int, env) -> dict[str, str]:
     return env.p2p_wire.transport_options()
 
 
-# Builds whose dispatch has the eager form between domains (HYBRID_EP_EAGER): the p2p build,
-# whose per-tile signal is a release store after the tile's data. The RDMA builds put the same
-# layout only once they check the ordering their NICs need (issue 35's next step); until then
-# they keep signalling each chunk.
+# Builds whose dispatch and combine have the eager form between domains (HYBRID_EP_EAGER): the
+# p2p build, whose per-tile signal is a release store after the tile's data. The RDMA builds put
+# the same layout only once they check the ordering their NICs need (issue 35's next step);
+# until then they keep signalling each chunk.
 EAGER_BUILDS = ("p2p",)
 
 _warned_eager: set[str] = set()
@@ -55,7 +55,7 @@ def build_transport() -> str:
 
 
 def eager_in_effect(transport: str, nodes: int, eager: bool, warn: bool = True) -> bool:
-    """Whether a buffer's dispatch between domains uses the eager form: ``eager``
+    """Whether a buffer's dispatch and combine between domains use the eager form: ``eager``
     (HYBRID_EP_EAGER=1), several domains and a build that has it; another build signals as
     before and (``warn``) says so once."""
     if not eager or nodes == 1:
@@ -65,7 +65,7 @@ def eager_in_effect(transport: str, nodes: int, eager: bool, warn: bool = True) 
     if warn and transport not in _warned_eager:
         _warned_eager.add(transport)
         warnings.warn(f"HYBRID_EP_EAGER=1: the {transport} build has no eager form yet (only "
-                      f"{', '.join(EAGER_BUILDS)}); its dispatch signals each chunk as before",
+                      f"{', '.join(EAGER_BUILDS)}); it signals each chunk as before",
                       RuntimeWarning, stacklevel=3)
     return False
 

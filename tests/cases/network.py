@@ -67,13 +67,13 @@ def dispatch_counters(R: int, pattern: str, dtype: str, with_probs: bool, channe
 
 
 def combine_counters(R: int, pattern: str, with_probs: bool, tokens: int,
-                     wire: str = "bf16") -> dict:
+                     wire: str = "bf16", eager: bool = False) -> dict:
     """transport_stats of one combine (the dispatch's counts reset first; returned under
     "dispatch"): the partial sums of the peers' tokens that came to this domain go back to them,
-    at the width of HYBRID_EP_COMBINE_WIRE=``wire``."""
+    at the width of HYBRID_EP_COMBINE_WIRE=``wire`` (``eager``: HYBRID_EP_EAGER=1)."""
     hidden = 256
     with env(HYBRID_EP_COMBINE_WIRE=wire):
-        buf = _buffer(R, tokens, 1, False, hidden)
+        buf = _buffer(R, tokens, 1, False, hidden, eager)
     rmap = counter_routing(tokens, pattern, R)
     x = torch.randn(tokens, hidden).to(torch.bfloat16)
     probs = torch.where(rmap, 0.5, 0.0) if with_probs else None

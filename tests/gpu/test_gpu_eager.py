@@ -1,10 +1,10 @@
-"""The eager form between domains (HYBRID_EP_EAGER=1, p2p build) on one GPU: the multi-domain
-matrix and permute pairs pass with it; also with rings of 2 slots (a slot reused within a call,
-whose earlier chunk's tile signals must not pass for the later chunk's) and under the emulated
-wire (a tile becomes visible only at its emulated delivery, which a slow wire's dispatch times
-show); a captured pair replayed (the device epoch keeps every replay's signals new); and the
-dispatch's counters are the reference's eager model: one put per (chunk, domain) with tokens,
-its tiles, no signal."""
+"""The eager form between domains (HYBRID_EP_EAGER=1, p2p build: dispatch and combine) on one
+GPU: the multi-domain matrix and permute pairs pass with it; also with rings of 2 slots (a slot
+reused within a call, whose earlier chunk's tile signals must not pass for the later chunk's),
+with the combine's partials in fp32, and under the emulated wire (a tile becomes visible only at
+its emulated delivery, which a slow wire's dispatch times show); a captured pair replayed (the
+device epochs keep every replay's signals new); and the counters of dispatch and combine are
+the reference's eager model: one put per (chunk, domain) with tokens, its tiles, no signal."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import gpu_env
 import pytest
 from gpu_env import gpu_marks, placement_param
 from gpu_specs import make_spec, matrix_under_env, permute_under_env, report
-from test_gpu_multi_domain import CHUNK, matrix_params, permute_params
+from test_gpu_multi_domain import CHUNK, FP32_WIRE, matrix_params, permute_params
 
 pytestmark = gpu_marks
 
@@ -40,6 +40,14 @@ def test_dispatch_combine_domains_eager_under_wire(gpu_pools, record_property, W
                      "eager wire")
 
 
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-eager-fp32wire", most_ranks=4))
+def test_dispatch_combine_domains_eager_fp32_wire(gpu_pools, record_property, W, placement, R,
+                                                  case):
+    """The combine's records hold fp32 partials: a row's 32-byte vectors straddle tile ends."""
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, {**EAGER, **FP32_WIRE},
+                     "eager fp32 wire")
+
+
 @pytest.mark.parametrize("W,placement,R,extra", permute_params("-eager"))
 def test_permute_domains_eager(gpu_pools, record_property, W, placement, R, extra):
     permute_under_env(gpu_pools, record_property, W, placement, R, extra, EAGER, "eager")
@@ -48,8 +56,8 @@ def test_permute_domains_eager(gpu_pools, record_property, W, placement, R, extr
 @pytest.mark.parametrize("dtype,pattern", [("bf16", "dense"), ("fp8", "dense"), ("bf16", "runs")])
 def test_eager_counters(gpu_pools, dtype, pattern):
     """2x2, 150 tokens: the CUDA counters equal the reference's eager model (the case asserts it
-    per rank); dense routing is one put per chunk to the one other domain, no dispatch signal,
-    its tiles counted; the combine still signals every chunk."""
+    per rank); dense routing is one put per chunk to the one other domain, no signal, its
+    tiles counted, in the dispatch and in the combine."""
     W, R, tokens = 4, 2, 150
     results = gpu_pools.run(W, "shared", "under_env", module="gpu_multi_domain_cases",
                             environment=EAGER, case="counters", R=R, pattern=pattern,
@@ -57,11 +65,11 @@ def test_eager_counters(gpu_pools, dtype, pattern):
     chunks = -(-tokens // CHUNK)
     assert len(results) == W, results
     for r in results:
-        sent = r["cuda_dispatch"]
-        assert sent["signals"] == 0 and sent["eager_tiles"] > 0, sent
-        if pattern == "dense":
-            assert sent["puts"] == chunks, sent
-        assert r["cuda_combine"]["signals"] == chunks and r["cuda_combine"]["eager_tiles"] == 0
+        for leg in ("cuda_dispatch", "cuda_combine"):
+            sent = r[leg]
+            assert sent["signals"] == 0 and sent["eager_tiles"] > 0, (leg, sent)
+            if pattern == "dense":
+                assert sent["puts"] == chunks, (leg, sent)
 
 
 def test_tiles_wait_for_their_emulated_delivery(gpu_pools):
@@ -84,8 +92,8 @@ def test_tiles_wait_for_their_emulated_delivery(gpu_pools):
 @pytest.mark.skipif(gpu_env.DRY_RUN, reason="CUDA graphs need a GPU (dry run on the CPU)")
 @pytest.mark.parametrize("W,placement,R", [placement_param(4, "shared", 2, id_extra="2x2")])
 def test_graph_replay_domains_eager(gpu_pools, record_property, W, placement, R):
-    """The eager form's signal values come from a device epoch that every dispatch kernel
-    advances: a captured non-blocking pair replayed 50 times with fresh inputs (the same
+    """The eager form's signal values come from device epochs that every dispatch and every
+    combine kernel advance: a captured non-blocking pair replayed 50 times with fresh inputs (the same
     kernels, so the same parameters) stays equal to the reference every replay."""
     spec = make_spec(W, H=1024, form="map", k=2, E=4, tokens="equal", max_tok=64,
                      tag="graph-eager")

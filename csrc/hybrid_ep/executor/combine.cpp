@@ -238,6 +238,10 @@ size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t strea
     a.combine_credits = flags.combine_credits.with_chunks(a.max_chunks);
     a.control = runtime.control_transport();
     a.withhold_credits = c.withhold_combine_credits;
+    a.eager = s.eager;
+    a.eager_slot_bytes = s.combine_eager_slot_bytes();
+    // The combine's epoch words follow the dispatch's.
+    a.eager_epoch = l.eager_epoch + BufferLayout::kEagerEpochWords * sizeof(uint64_t);
   }
   // Whole rows when every copy of a row plus a prefetch fits the ring, else halves, quarters...
   // (or what HYBRID_EP_COMBINE_PIECES asks for, where the hidden size splits so).

@@ -30,6 +30,7 @@
 #include "hybrid_ep/kernels/combine_unpermute.cuh"
 #include "hybrid_ep/kernels/combine_walk.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
+#include "hybrid_ep/kernels/common/eager_epoch.cuh"
 #include "hybrid_ep/kernels/common/launch.h"
 #include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/kernels/common/ring_pos.cuh"
@@ -50,13 +51,17 @@ using namespace combine;
 // at two ranks x 8 SMs (ncu: the reduce warps waited on the issue counter while the loader
 // seldom waited for a free stage); one chain per token took it from 233 to 208 us
 // (benchmarks/results/2026-12-01-combine-loader.md).
-__device__ __forceinline__ void issue_copies(const Smem& s, const PassShape& shape,
-                                             const ChunkRoutes& routes, int first, int last,
-                                             LoaderCursor& cur, int lane) {
+// `eager` (final pass, the eager form): the other domains' partials are records in tiles, each
+// token's waited for before its loads.
+__device__ __forceinline__ void issue_copies(const CombineParams& p, const Smem& s,
+                                             const PassShape& shape, const ChunkRoutes& routes,
+                                             int first, int last, LoaderCursor& cur,
+                                             const combine::EagerPartials* eager, int lane) {
   const Ring& ring = s.ring;
   const uint32_t lanes_before = (1u << lane) - 1;
   for (int t = first; t < last; ++t) {
     const int32_t* rows = routes.token(t - first);
+    if (eager != nullptr) eager->wait_token(p, rows, shape.width, lane);
     for (int piece = 0; piece < shape.pieces; ++piece) {
       for (int j0 = 0; j0 < shape.width; j0 += 32) {  // sources past 32: 32 at a time
         const int j = j0 + lane;
@@ -67,9 +72,15 @@ __device__ __forceinline__ void issue_copies(const Smem& s, const PassShape& sha
           const RingPos mine = cur.at.plus(__popc(present & lanes_before), ring.stages);
           ring.acquire(mine);
           ring.expect(mine.stage, shape.piece_bytes);
-          ring.load(mine.stage, 0,
-                    shape.sources[j] + row * shape.row_bytes() + int64_t(piece) * shape.piece_bytes,
-                    shape.piece_bytes);
+          if (eager != nullptr && j != p.domain.node_rank) {
+            eager->load(p, ring, mine.stage, j, row, int64_t(piece) * shape.piece_bytes,
+                        shape.piece_bytes);
+          } else {
+            ring.load(
+                mine.stage, 0,
+                shape.sources[j] + row * shape.row_bytes() + int64_t(piece) * shape.piece_bytes,
+                shape.piece_bytes);
+          }
         }
         const int copies = __popc(present);
         cur.item += copies;
@@ -83,8 +94,10 @@ __device__ __forceinline__ void issue_copies(const Smem& s, const PassShape& sha
 
 // Loader warp, final pass (several domains): own chunk j, once this block's partials of it are
 // written and every other domain's have arrived, the partials of each token.
-__device__ void load_partials(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int j,
-                              LoaderCursor& cur, int lane) {
+template <bool kEager>
+__device__ __forceinline__ void load_partials(const CombineParams& p, const Smem& s,
+                                              const ChunkWalk& walk, int j, LoaderCursor& cur,
+                                              int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kFinal);
   const ChunkRoutes routes{s.loader_rows, shape.width};
   const combine::OwnChunk own = combine::own_chunk(p, j);
@@ -94,13 +107,28 @@ __device__ void load_partials(const CombineParams& p, const Smem& s, const Chunk
   __syncwarp();  // every lane is done with the previous chunk's routes
   combine::stage_partial_routes(p, routes, own.first, own.last, lane, 32);
   __syncwarp();
-  issue_copies(s, shape, routes, own.first, own.last, cur, lane);
+  if constexpr (!kEager) {
+    issue_copies(p, s, shape, routes, own.first, own.last, cur, nullptr, lane);
+    return;
+  }
+  combine::stage_eager_records(p, routes.rows, own.first, own.last, s.domain_records, lane);
+  for (int n = lane; n < p.domain.nodes; n += 32) s.landed[n] = 0;
+  __syncwarp();
+  const combine::EagerPartials eager{p.domain.self() + p.across.net_partials,
+                                     combine::eager_partials(p, 1),
+                                     eager_signal_value(*s.epoch, uint32_t(own.c)),
+                                     own.c,
+                                     s.landed,
+                                     s.domain_records};
+  issue_copies(p, s, shape, routes, own.first, own.last, cur, &eager, lane);
 }
 
 // Loader warp: the walk step by step (ChunkWalk); each first-pass chunk's routes are staged (the
 // next chunk's are loaded into registers meanwhile) and its copies issued; with several domains
 // the final passes come between them.
-__device__ void load_walk(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int lane) {
+template <bool kEager>
+__device__ __forceinline__ void load_walk(const CombineParams& p, const Smem& s,
+                                          const ChunkWalk& walk, int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kReduce);
   const ChunkRoutes routes{s.loader_rows, shape.width};
   WalkCursor at;
@@ -114,7 +142,7 @@ __device__ void load_walk(const CombineParams& p, const Smem& s, const ChunkWalk
   fetch(next);
   for (WalkStep step = walk.step(p, at); step.kind != WalkStep::kDone; step = walk.step(p, at)) {
     if (step.kind == WalkStep::kFinal) {
-      load_partials(p, s, walk, step.own, cur, lane);
+      load_partials<kEager>(p, s, walk, step.own, cur, lane);
       continue;
     }
     const ChunkItem& chunk = step.item;
@@ -125,7 +153,7 @@ __device__ void load_walk(const CombineParams& p, const Smem& s, const ChunkWalk
     // abort word makes the call report instead of returning what it read.
     if (p.unpermute_blocks > 0 && lane == 0) wait_unpermuted(p, chunk.first, chunk.last);
     __syncwarp();
-    issue_copies(s, shape, routes, chunk.first, chunk.last, cur, lane);
+    issue_copies(p, s, shape, routes, chunk.first, chunk.last, cur, nullptr, lane);
   }
 }
 
@@ -164,14 +192,22 @@ __device__ __forceinline__ float load_prob(const CombineParams& p, const ProbSou
   return __ldcg(from.src + int64_t(rows[from.rank]) * p.prob_cols + from.local);
 }
 
+// Column `col` of a probs row: at a float row, or (the eager form) in a record's tiles.
+__device__ __forceinline__ float& prob_at(float* row, int col) { return row[col]; }
+__device__ __forceinline__ float& prob_at(const RowOut& row, int col) {
+  return *reinterpret_cast<float*>(row.byte(int64_t(col) * 4));
+}
+
 // The probs row `dst` of a token: each receiving rank's own E columns, zeros elsewhere.
 // `early_prob`: column `thread`'s, loaded before the wait.
+template <class Row>
 __device__ __forceinline__ void write_probs(const CombineParams& p, const Smem& s,
-                                            const int32_t* rows, float* dst, float early_prob,
+                                            const int32_t* rows, const Row& dst, float early_prob,
                                             int thread, int threads) {
   const ProbsRow row = probs_row(p);
   for (int col = thread; col < row.width; col += threads) {
-    dst[col] = col == thread ? early_prob : load_prob(p, prob_source(p, s, col, row), rows);
+    prob_at(dst, col) =
+        col == thread ? early_prob : load_prob(p, prob_source(p, s, col, row), rows);
   }
 }
 
@@ -203,7 +239,10 @@ constexpr int kReduceThreads = 32 * kReduceWarps;
 // chunk, before the shared routes are replaced. A warp visits only its own pieces: walking
 // every token to keep its ring position was a sixth of the kernel's instructions and a quarter
 // of its stall samples at 2 ranks (ncu). `target` (several domains, first pass): where the
-// partials go.
+// partials go. kEager: the eager form's (combine_eager.cuh), its records in tiles; a kernel of
+// its own, since the tiled writes in the signalled kernel made its combine 2-5 % slower (run
+// s21f).
+template <bool kEager>
 __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem& s, Pass pass,
                                              const PassShape& shape, const ChunkRoutes& routes,
                                              int first, int last,
@@ -253,13 +292,22 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
     // A single BF16 copy is its own sum: the TMA stores its stage as it is, and the warp holds
     // that stage until the store has read it.
     const bool by_tma = !partial && copies == 1 && !shape.fp32;
-    if (partial) {  // several domains: the domain's partial, rounded once to the wire's width
+    if (partial && kEager) {  // a record of the chunk's tiles at the peer
+      const RowOut dst = target.row(t, int64_t(piece) * piece_cols * int64_t(wire_bytes),
+                                    int64_t(p.hidden) * int64_t(wire_bytes));
+      if (p.across.bf16_wire) {
+        sum_to_tiles(st, copies, vectors, shape.fp32, dst, lane);
+      } else {
+        sum_to_fp32(st, copies, vectors, shape.fp32, dst, lane);
+      }
+    } else if (partial) {  // several domains: the domain's partial, rounded once to the wire's
+                           // width
       const int64_t to = int64_t(t - target.first_token) * p.hidden + int64_t(piece) * piece_cols;
       uint8_t* dst = target.rows + to * wire_bytes;
       if (p.across.bf16_wire) {
         sum_to_output(st, copies, vectors, shape.fp32, reinterpret_cast<uint4*>(dst), lane);
       } else {
-        sum_to_fp32(st, copies, vectors, shape.fp32, reinterpret_cast<float*>(dst), lane);
+        sum_to_fp32(st, copies, vectors, shape.fp32, RowOut{dst, 0, false}, lane);
       }
     } else if (by_tma) {
       if (lane == 0) {
@@ -278,7 +326,9 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
     if (lane == 0) release_stages(ring, first_copy, by_tma ? 0 : copies);
     if (probs_here) {
       if (pass == Pass::kFinal) {
-        combine::write_final_probs(p, t, lane, 32);
+        combine::write_final_probs<kEager>(p, t, t / p.chunk, rows, lane, 32);
+      } else if (partial && kEager) {
+        write_probs(p, s, rows, target.probs_of(t, p.prob_cols), early_prob, lane, 32);
       } else if (partial) {
         write_probs(p, s, rows, target.probs + int64_t(t - target.first_token) * p.prob_cols,
                     early_prob, lane, 32);
@@ -298,8 +348,9 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
 // Reduce warps, final pass (several domains): own chunk j, each token's partials of the domains
 // it went to added in ascending domain order into the BF16 output; then the chunk's ring slots
 // are credited back to the other domains.
-__device__ void reduce_partials(const CombineParams& p, const Smem& s, int j, ReduceCursor& cur,
-                                int warp, int lane) {
+template <bool kEager>
+__device__ __forceinline__ void reduce_partials(const CombineParams& p, const Smem& s, int j,
+                                                ReduceCursor& cur, int warp, int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kFinal);
   const ChunkRoutes routes{s.reduce_rows, shape.width};
   const int thread = warp * 32 + lane;
@@ -307,10 +358,14 @@ __device__ void reduce_partials(const CombineParams& p, const Smem& s, int j, Re
   ptx::named_barrier(kReduceBarrier, kReduceThreads);  // done with the previous routes
   combine::stage_partial_routes(p, routes, own.first, own.last, thread, kReduceThreads);
   ptx::named_barrier(kReduceBarrier, kReduceThreads);
-  if (warp == 0) count_chunk_copies(s, routes, own.last - own.first, lane);
+  if (warp == 0) {
+    // The eager form: the other domains' entries become records (write_final_probs).
+    if (kEager) combine::stage_eager_records(p, routes.rows, own.first, own.last, nullptr, lane);
+    count_chunk_copies(s, routes, own.last - own.first, lane);
+  }
   ptx::named_barrier(kReduceBarrier, kReduceThreads);
-  reduce_chunk(p, s, Pass::kFinal, shape, routes, own.first, own.last, combine::PartialTarget{},
-               ProbSource{}, cur, warp, lane);
+  reduce_chunk<kEager>(p, s, Pass::kFinal, shape, routes, own.first, own.last,
+                       combine::PartialTarget{}, ProbSource{}, cur, warp, lane);
   __syncwarp();  // every lane has read its partials
   combine::credit_partials(p, s.finals, kReduceWarps, j, own.c, lane);
 }
@@ -318,8 +373,9 @@ __device__ void reduce_partials(const CombineParams& p, const Smem& s, int j, Re
 // Reduce warps: the walk step by step, as the loader. Every first-pass chunk; with several
 // domains each warp counts each chunk done once its partials are written (for the network
 // warps and the final pass), and the final passes come between them.
-__device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWalk& walk, int warp,
-                            int lane) {
+template <bool kEager>
+__device__ __forceinline__ void reduce_walk(const CombineParams& p, const Smem& s,
+                                            const ChunkWalk& walk, int warp, int lane) {
   const PassShape shape = pass_shape(p, s, Pass::kReduce);
   const ChunkRoutes routes{s.reduce_rows, shape.width};
   // This lane's column of the probs row, found once: per token, the division and the peer
@@ -337,7 +393,7 @@ __device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWa
   fetch(next);
   for (WalkStep step = walk.step(p, at); step.kind != WalkStep::kDone; step = walk.step(p, at)) {
     if (step.kind == WalkStep::kFinal) {
-      reduce_partials(p, s, step.own, cur, warp, lane);
+      reduce_partials<kEager>(p, s, step.own, cur, warp, lane);
       continue;
     }
     const ChunkItem& chunk = step.item;
@@ -347,15 +403,19 @@ __device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWa
     fetch(next);
     if (warp == 0) {
       count_chunk_copies(s, routes, chunk.last - chunk.first, lane);
-      // Several domains: the ring slot this chunk's partials go to is free.
+      // Several domains: the ring slot this chunk's partials go to is free; in the eager form
+      // the tokens' records in it.
       if (p.partial) combine::wait_partial_slot(p, chunk, lane);
+      if (kEager) {
+        combine::number_records(s.records, routes, chunk.last - chunk.first, lane);
+      }
     }
     ptx::named_barrier(kReduceBarrier, kReduceThreads);
     // Several domains: where this chunk's partials go (a mapped peer's ring, or here).
     const combine::PartialTarget target =
-        p.partial ? combine::partial_target(p, chunk) : combine::PartialTarget{};
-    reduce_chunk(p, s, Pass::kReduce, shape, routes, chunk.first, chunk.last, target, lane_prob,
-                 cur, warp, lane);
+        p.partial ? combine::partial_target(p, chunk, s.records) : combine::PartialTarget{};
+    reduce_chunk<kEager>(p, s, Pass::kReduce, shape, routes, chunk.first, chunk.last, target,
+                         lane_prob, cur, warp, lane);
     if (p.partial) {
       // This warp's partials of the chunk are written (maybe into a peer, in another process,
       // or here, for the final pass's TMA loads): count it done; the network warps' signal
@@ -368,6 +428,8 @@ __device__ void reduce_walk(const CombineParams& p, const Smem& s, const ChunkWa
   }
 }
 
+// kEager: several domains in the eager form (p.across.eager).
+template <bool kEager>
 __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   // After a failed wait (e.g. the barrier before this kernel) peers' rows are not staged.
   if (p.domain.aborted()) return;
@@ -388,6 +450,11 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
     *s.reduced = 0;
     *s.finals = 0;
     s.ring.init();
+    if (kEager) {
+      *s.epoch =
+          EagerEpoch{reinterpret_cast<uint64_t*>(p.domain.self() + p.across.eager_epoch)}.take(
+              int(gridDim.x));
+    }
   }
   __syncthreads();
   // Fused, a block may unpermute its share first, then combine (inside one domain, every block
@@ -401,14 +468,17 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineParams p) {
   const ChunkWalk walk = ChunkWalk::of(p);
   switch (role_of(warp)) {
     case Role::kLoader:
-      load_walk(p, s, walk, lane);
+      load_walk<kEager>(p, s, walk, lane);
       break;
     case Role::kReduce:
-      reduce_walk(p, s, walk, reduce_warp_index(warp), lane);
+      reduce_walk<kEager>(p, s, walk, reduce_warp_index(warp), lane);
       if (lane == 0) ptx::bulk_wait<0>();  // the warp's bulk stores are done before the end
       break;
     case Role::kNetwork:
-      if (p.partial) {
+      if (kEager) {
+        combine::send_eager_partials(p, walk, s.reduced, kReduceWarps, *s.epoch,
+                                     network_warp_index(warp), kNetworkWarps, lane);
+      } else if (p.partial) {
         const int w = network_warp_index(warp);
         combine::send_reduced_chunks(p, walk, s.reduced, kReduceWarps,
                                      s.runs + w * run_count(p.chunk), w, kNetworkWarps, lane);
@@ -434,8 +504,8 @@ size_t combine_stage_bytes(const CombineParams& p) {
   return SmemPlan::stage_bytes(stage_stride(p));
 }
 
-size_t combine_reserved_smem(int chunk, int ranks, int nodes) {
-  return SmemParts::make(0, 0, ranks, nodes, chunk).plan.reserved();
+size_t combine_reserved_smem(int chunk, int ranks, int nodes, bool eager) {
+  return SmemParts::make(0, 0, ranks, nodes, chunk, eager).plan.reserved();
 }
 
 int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk) {
@@ -444,10 +514,11 @@ int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk) {
 
 void launch_combine(const CombineParams& p, cudaStream_t stream) {
   const size_t smem = SmemParts::of(p).plan.bytes();
-  allow_dynamic_smem(reinterpret_cast<const void*>(combine_kernel), smem);
+  const auto kernel = p.partial && p.across.eager ? combine_kernel<true> : combine_kernel<false>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   // Without unpermute blocks this is combine_blocks.
   const int grid = std::max(p.combine_blocks, p.first_unpermute_block + p.unpermute_blocks);
-  combine_kernel<<<grid, kThreads, smem, stream>>>(p);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
   HYBRID_EP_CUDA_CHECK(cudaGetLastError());
   if (p.unpermute_blocks > 0) {
     advance_unpermute_expected<<<1, 256, 0, stream>>>(p);

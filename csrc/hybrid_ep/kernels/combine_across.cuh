@@ -24,6 +24,8 @@
 
 #include <cstdint>
 
+#include "hybrid_ep/kernels/combine_eager.cuh"
+#include "hybrid_ep/kernels/combine_sum.cuh"
 #include "hybrid_ep/kernels/combine_walk.cuh"
 #include "hybrid_ep/kernels/common/bf16.cuh"
 #include "hybrid_ep/kernels/common/chunk_routes.cuh"
@@ -35,10 +37,6 @@
 
 namespace hybrid_ep {
 namespace combine {
-
-__host__ __device__ __forceinline__ size_t partial_row_bytes(const CombineParams& p) {
-  return size_t(p.hidden) * (p.across.bf16_wire ? 2 : 4);
-}
 
 // Network warp `w` of `warps`: this block's chunks of other domains (sent items w, w + warps,
 // ...), each once every one of the block's `reduce_warps` has counted it done in `reduced`
@@ -84,22 +82,47 @@ __device__ __forceinline__ void send_reduced_chunks(const CombineParams& p, cons
 
 // Where the reduce warps write the partials of chunk `it`: this rank's own tokens' into the own
 // rows of `partials`; another domain's into the ring slot of this domain at that domain's peer
-// where it is mapped into this process (the put is then only counted), else into this rank's
-// ring slot for that domain (the put's source).
+// where it is mapped into this process (the put is then only counted; in the eager form as the
+// chunk's records in tiles, combine_eager.cuh), else into this rank's ring slot for that domain
+// (the put's source).
 struct PartialTarget {
   uint8_t* rows;  // row of forwarded token i at rows + (i - first_token) * partial_row_bytes
   float* probs;   // likewise, prob_cols each; null without probs
   int first_token;
+  // The eager form: `rows` is the peer's slot, forwarded token i's record is
+  // records[i - first_token] (number_records), of record.record bytes.
+  const int32_t* records = nullptr;
+  EagerPayload record{};
+
+  // Byte `offset` on of token i's partial row, and of its probs.
+  __device__ RowOut row(int i, int64_t offset, int64_t row_bytes) const {
+    if (records == nullptr) return {rows, int64_t(i - first_token) * row_bytes + offset, false};
+    return {rows, record.row_at(records[i - first_token]) + offset, true};
+  }
+  __device__ RowOut probs_of(int i, int prob_cols) const {
+    if (records == nullptr) {
+      return {reinterpret_cast<uint8_t*>(probs + int64_t(i - first_token) * prob_cols), 0, false};
+    }
+    return {rows, record.row_at(records[i - first_token]) + record.probs_at, true};
+  }
 };
 
-__device__ __forceinline__ PartialTarget partial_target(const CombineParams& p,
-                                                        const ChunkItem& it) {
+// `records`: the reduce warps' numbering of the chunk's tokens (the eager form).
+__device__ __forceinline__ PartialTarget partial_target(const CombineParams& p, const ChunkItem& it,
+                                                        const int32_t* records) {
   const CombineAcross& a = p.across;
   const DomainView& d = p.domain;
   const int64_t row_bytes = int64_t(partial_row_bytes(p));
   const int64_t T = a.max_tokens;
   if (it.node == d.node_rank) return {a.partials, a.partial_probs, int(d.node_rank * T)};
   uint8_t* peer = TransportDevice::mapped(a.transport, it.node);
+  if (a.eager) {  // a mapped peer (the host enables the form only so)
+    PartialTarget target{
+        eager_slot(p, peer + a.net_partials, other_domain_index(d.node_rank, it.node), it.c),
+        a.partial_probs, it.first, records};
+    target.record = eager_partials(p, 1);
+    return target;
+  }
   const int first = it.node * int(T) + it.c * p.chunk;  // the slot's first token
   int64_t row;
   uint8_t* rows;
@@ -193,7 +216,8 @@ __device__ __forceinline__ void wait_partials(const CombineParams& p, const uint
   const CombineAcross& a = p.across;
   const DomainView& d = p.domain;
   while (*static_cast<const volatile uint32_t*>(reduced) < done && !d.aborted()) __nanosleep(64);
-  for (int k = 0; k < d.nodes - 1; ++k) {
+  // The eager form waits per token instead (EagerPartials).
+  for (int k = 0; k < (a.eager ? 0 : d.nodes - 1); ++k) {
     const int n = other_domain(k, d.node_rank);
     const size_t slot = a.combine_flags.slot(n, c);
     wait_flag(reinterpret_cast<const uint64_t*>(d.self() + slot), d.expected_for(slot), d,
@@ -217,22 +241,27 @@ __device__ __forceinline__ void stage_partial_routes(const CombineParams& p,
   }
 }
 
-// combined_probs of this rank's token t: each domain's E*R columns from that domain's partial
-// probs (zero where the token did not go). Peers' partial probs are read from L2: they were
-// written by other processes, never cached here.
-__device__ __forceinline__ void write_final_probs(const CombineParams& p, int t, int thread,
-                                                  int threads) {
+// combined_probs of this rank's token t of own chunk c: each domain's E*R columns from that
+// domain's partial probs (zero where the token did not go). Peers' partial probs are read from
+// L2: they were written by other processes, never cached here. `rows`: the token's staged
+// routes (in the eager form another domain's entry is the token's record there).
+template <bool kEager>
+__device__ __forceinline__ void write_final_probs(const CombineParams& p, int t, int c,
+                                                  const int32_t* rows, int thread, int threads) {
   const CombineAcross& a = p.across;
   const int cols = p.domain.nodes * p.prob_cols;
   for (int col = thread; col < cols; col += threads) {
     const int n = col / p.prob_cols;
     float value = 0.f;
-    if (a.partial_probs != nullptr && partial_present(p, n, t)) {
+    if (a.partial_probs != nullptr && rows[n] >= 0) {
       const int64_t at = partial_row(p, n, t) * p.prob_cols + col % p.prob_cols;
-      value =
-          n == p.domain.node_rank
-              ? a.partial_probs[at]
-              : __ldcg(reinterpret_cast<const float*>(p.domain.self() + a.net_partial_probs) + at);
+      if (n == p.domain.node_rank) {
+        value = a.partial_probs[at];
+      } else if (kEager) {
+        value = eager_final_prob(p, n, c, rows[n], col % p.prob_cols);
+      } else {
+        value = __ldcg(reinterpret_cast<const float*>(p.domain.self() + a.net_partial_probs) + at);
+      }
     }
     p.out_probs[int64_t(t) * cols + col] = value;
   }

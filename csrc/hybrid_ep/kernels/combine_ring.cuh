@@ -43,6 +43,11 @@ __host__ __device__ inline int piece_bytes(const CombineParams& p) {
   return p.hidden / p.pieces * (p.fp32_input ? 4 : 2);
 }
 
+// Bytes of a partial row between domains (several domains): the wire's width.
+__host__ __device__ __forceinline__ size_t partial_row_bytes(const CombineParams& p) {
+  return size_t(p.hidden) * (p.across.bf16_wire ? 2 : 4);
+}
+
 // With several domains the final pass pulls partials through the same ring: a piece of one at
 // the wire's width.
 __host__ __device__ inline int final_piece_bytes(const CombineParams& p) {
@@ -65,15 +70,15 @@ __host__ __device__ inline int stage_stride(const CombineParams& p) {
 __host__ __device__ constexpr int run_count(int chunk) { return (chunk + 1) / 2; }
 
 // The block's shared memory, one plan for the carve and the size: the ring, then the sources,
-// both roles' routes, the copy counts, the counters and (several domains: `network`) the
-// partial sources and the network warps' runs.
+// both roles' routes, the copy counts, the counters, (several domains: `network`) the partial
+// sources and the network warps' runs, and (the eager form) its records and epoch.
 struct SmemParts {
   SmemPlan plan;
   size_t sources = 0, prob_sources = 0, partial_sources = 0, routes = 0, starts = 0, issued = 0,
-         reduced = 0, finals = 0, runs = 0;
+         reduced = 0, finals = 0, runs = 0, records = 0, landed = 0, domain_records = 0, epoch = 0;
 
-  __host__ __device__ static SmemParts make(int stride, int stages, int ranks, int nodes,
-                                            int chunk) {
+  __host__ __device__ static SmemParts make(int stride, int stages, int ranks, int nodes, int chunk,
+                                            bool eager) {
     const bool network = nodes > 1;
     const int width = network ? max(ranks, nodes) : ranks;
     SmemParts m{SmemPlan(stride, stages)};
@@ -87,10 +92,16 @@ struct SmemParts {
     m.finals = m.plan.place<uint32_t>(1);
     m.runs = m.plan.place<TokenRun>(network ? size_t(run_count(chunk)) * kNetworkWarps : 0,
                                     sizeof(TokenRun));  // aligned to a run's 8 bytes
+    const bool tiles = network && eager;
+    m.records = m.plan.place<int32_t>(tiles ? size_t(chunk) : 0);
+    m.landed = m.plan.place<int32_t>(tiles ? size_t(nodes) : 0);
+    m.domain_records = m.plan.place<int32_t>(tiles ? size_t(nodes) : 0);
+    m.epoch = m.plan.place<uint64_t>(tiles ? 1 : 0, sizeof(uint64_t));
     return m;
   }
   __host__ __device__ static SmemParts of(const CombineParams& p) {
-    return make(stage_stride(p), p.stages, p.domain.ranks, p.partial ? p.domain.nodes : 1, p.chunk);
+    return make(stage_stride(p), p.stages, p.domain.ranks, p.partial ? p.domain.nodes : 1, p.chunk,
+                p.partial && p.across.eager);
   }
 };
 
@@ -117,6 +128,13 @@ struct Smem {
   uint32_t* reduced;
   uint32_t* finals;  // several domains: reduce warps done with final-pass chunks (credits)
   TokenRun* runs;
+  // The eager form (combine_eager.cuh): [chunk] the record of each token of the reduce warps'
+  // chunk in its slot (-1: none); [nodes] the loader's tiles seen and records of each domain's
+  // slot of its own chunk; the kernel's epoch.
+  int32_t* records;
+  int32_t* landed;
+  int32_t* domain_records;
+  uint64_t* epoch;
 };
 
 __device__ __forceinline__ Smem carve(uint8_t* smem, const CombineParams& p) {
@@ -133,6 +151,10 @@ __device__ __forceinline__ Smem carve(uint8_t* smem, const CombineParams& p) {
   s.reduced = reinterpret_cast<uint32_t*>(smem + m.reduced);
   s.finals = reinterpret_cast<uint32_t*>(smem + m.finals);
   s.runs = reinterpret_cast<TokenRun*>(smem + m.runs);
+  s.records = reinterpret_cast<int32_t*>(smem + m.records);
+  s.landed = reinterpret_cast<int32_t*>(smem + m.landed);
+  s.domain_records = reinterpret_cast<int32_t*>(smem + m.domain_records);
+  s.epoch = reinterpret_cast<uint64_t*>(smem + m.epoch);
   return s;
 }
 

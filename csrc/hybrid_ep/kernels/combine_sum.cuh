@@ -13,8 +13,21 @@
 #include <cstdint>
 
 #include "hybrid_ep/kernels/common/bf16.cuh"
+#include "hybrid_ep/memory/eager_tiles.h"
 
 namespace hybrid_ep {
+
+// Where a row's bytes go: from `at` on at `base`; or (`tiled`, the eager form: memory/
+// eager_tiles.h) as the payload bytes from `at` on of the slot at `base`, where a tile's signal
+// interrupts them every 4080 bytes.
+struct RowOut {
+  uint8_t* base;
+  int64_t at;
+  bool tiled;
+  __device__ uint8_t* byte(int64_t b) const {
+    return base + (tiled ? EagerTiles::wire_offset(at + b) : at + b);
+  }
+};
 
 constexpr int kMaxUnrolled = 8;
 
@@ -137,10 +150,27 @@ __device__ __forceinline__ void sum_to_output(const CopyStages& st, int copies, 
   static_assert(kMaxUnrolled == 8, "the switch above unrolls up to 8 copies");
 }
 
+// A partial's BF16 sum (several domains) to `out` in the eager form's tiles: one sum_to_output
+// per piece of the row that lies in one tile.
+__device__ __forceinline__ void sum_to_tiles(const CopyStages& st, int copies, int vectors,
+                                             bool fp32_input, const RowOut& out, int lane) {
+  // In 16-byte vectors: a row is far below 2^31 of them.
+  const int end = vectors;
+#pragma unroll 1
+  for (int v = 0; v < end;) {
+    const int n = int(EagerTiles::piece(out.at + v * 16, out.at + end * 16) / 16);
+    CopyStages from = st;  // the copies' columns of this piece: 8 per output vector
+    from.base += v * (fp32_input ? 32 : 16);
+    sum_to_output(from, copies, n, fp32_input, reinterpret_cast<uint4*>(out.byte(v * 16)), lane);
+    v += n;
+  }
+}
+
 // Partial sums (several domains): the fp32 sum of `copies` (>= 0) staged copies, unrounded,
-// straight to global memory (the BF16 rounding comes after the other domains' partials).
+// straight to global memory (the BF16 rounding comes after the other domains' partials); each
+// 16-byte half on its own (tiled, the two may lie in different tiles).
 __device__ __noinline__ void sum_to_fp32(CopyStages st, int copies, int vectors, bool fp32_input,
-                                         float* dst, int lane) {
+                                         RowOut out, int lane) {
   for (int v = lane; v < vectors; v += 32) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < copies; ++k) {
@@ -150,9 +180,10 @@ __device__ __noinline__ void sum_to_fp32(CopyStages st, int copies, int vectors,
         accumulate(acc, reinterpret_cast<const uint4*>(st.at(k))[v]);
       }
     }
-    float4* out = reinterpret_cast<float4*>(dst) + 2 * v;
-    out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    *reinterpret_cast<float4*>(out.byte(int64_t(v) * 32)) =
+        make_float4(acc[0], acc[1], acc[2], acc[3]);
+    *reinterpret_cast<float4*>(out.byte(int64_t(v) * 32 + 16)) =
+        make_float4(acc[4], acc[5], acc[6], acc[7]);
   }
 }
 

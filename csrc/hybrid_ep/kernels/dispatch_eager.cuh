@@ -8,6 +8,7 @@
 
 #include "hybrid_ep/common/ptx.cuh"
 #include "hybrid_ep/kernels/common/domain_view.h"
+#include "hybrid_ep/kernels/common/eager_wait.cuh"
 #include "hybrid_ep/kernels/common/flags.cuh"
 #include "hybrid_ep/kernels/common/ring.cuh"
 #include "hybrid_ep/memory/eager_tiles.h"
@@ -30,43 +31,13 @@ struct EagerReader {
     return r;
   }
 
-  // All lanes: waits until every tile record `k` takes has landed: its signal holds this call's
-  // value and (emulated wire) its delivery instant has passed. The lanes look at the next 32
-  // tiles at once, so that the later records' tiles are mostly seen already: one lane polling
-  // tile after tile had put an acquire load's latency per tile into the loader's chain. False
-  // after a timeout (reported as a wait for chunk c from domain `node`).
+  // All lanes: waits until every tile record `k` takes has landed (wait_tiles). False after a
+  // timeout (reported as a wait for chunk c from domain `node`).
   __device__ bool wait_record(int64_t k, const DomainView& d, int node, int c, int lane) {
     const int64_t last = EagerTiles::last_tile(payload.row_at(k) + payload.record);
-    const int64_t tiles = EagerTiles::count(bytes);
-    uint64_t start = ptx::global_timer_ns();
-    while (landed <= last) {
-      const int64_t t = landed + lane;
-      uint64_t seen = value;  // past the payload: nothing to wait for
-      bool here = true;
-      if (t < tiles) {
-        const EagerSignal* signal = reinterpret_cast<const EagerSignal*>(
-            slot + t * EagerTiles::kTileBytes + EagerTiles::signal_offset(bytes, t));
-        seen = ptx::load_acquire_sys(&signal->value);
-        here =
-            seen == value && ptx::global_timer_ns() >=
-                                 *reinterpret_cast<const volatile uint64_t*>(&signal->visible_ns);
-      }
-      const uint32_t in = __ballot_sync(~0u, here);
-      const int run = in == ~0u ? 32 : __ffs(~in) - 1;  // the tiles seen in order
-      landed += run;
-      if (landed > last) break;
-      if (d.aborted()) return false;
-      const uint64_t now = ptx::global_timer_ns();
-      if (run > 0) {
-        start = now;  // the limit bounds a wait that sees nothing land
-      } else if (now - start > d.timeout_ns) {
-        const uint64_t first = __shfl_sync(~0u, seen, 0);  // lane 0 looked at the first missing
-        if (lane == 0) {
-          report_failure(d, StatusCode::kTimeout, WaitSite::kNetworkFlag, node, c, value, first);
-        }
-        return false;
-      }
-      __nanosleep(64);
+    if (!wait_tiles(EagerSlot{slot, bytes, value}, landed, last, d, WaitSite::kNetworkFlag, node, c,
+                    lane)) {
+      return false;
     }
     __syncwarp();                                    // the lanes' acquires, before lane 0's loads
     if (lane == 0) ptx::fence_proxy_async_global();  // the TMA loads read what they saw

@@ -260,6 +260,13 @@ struct CombineAcross {
   ChunkFlags combine_credits;
   TransportContext control;
   bool withhold_credits;  // HYBRID_EP_FAULT (tests): never credit a chunk back
+  // HYBRID_EP_EAGER: the partials go in the eager form (combine_eager.cuh) to mapped peers:
+  // chunk c from the k-th other domain in slot k * ring_chunks + c % ring_chunks of
+  // net_partials, eager_slot_bytes each, a record of partial and probs per token that came;
+  // the tiles' signals from the epoch at eager_epoch (this rank's buffer). No combine_flags.
+  bool eager;
+  int64_t eager_slot_bytes;
+  size_t eager_epoch;
 };
 
 // With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens
@@ -379,7 +386,7 @@ size_t dispatch_stage_bytes(const DispatchParams& p);  // p's rows, and its side
 bool dispatch_side_data_by_tma(const DispatchParams& p);
 // Per stage for p's pieces, input type and probs; and the rest of the kernel's shared memory.
 size_t combine_stage_bytes(const CombineParams& p);
-size_t combine_reserved_smem(int chunk, int ranks, int nodes);
+size_t combine_reserved_smem(int chunk, int ranks, int nodes, bool eager);
 // The combine kernel's chunk: the dispatch chunk with several domains (its flags and runs are
 // per dispatch chunk), else the combine chunk.
 int combine_chunk_of(int nodes, int dispatch_chunk, int combine_chunk);

@@ -29,7 +29,9 @@ struct BufferShape {
   int64_t zero_copy_pool_bytes;
   // HYBRID_EP_EAGER (several domains): the rows between domains travel in the eager form's
   // tile layout (memory/eager_tiles.h), a chunk's rows, probs and scales as one record per
-  // token in one slot of net_rows; net_probs and net_scales are then empty.
+  // token in one slot of net_rows; net_probs and net_scales are then empty. So do the
+  // combine's partials, a record of partial and probs per token in one slot of net_partials
+  // (net_partial_probs empty).
   bool eager = false;
 
   int64_t experts_total() const { return experts_per_rank * world; }
@@ -52,6 +54,14 @@ struct BufferShape {
   int64_t eager_slot_bytes() const {
     return EagerTiles::slot_bytes(dispatch_chunk * eager_record());
   }
+  // The combine's: a token's partial (at the wire's width) and its probs; a chunk of them.
+  int64_t combine_eager_record() const {
+    return EagerPayload::make(1, partial_row_bytes(), prob_cols() * 4, 0).record;
+  }
+  int64_t combine_eager_slot_bytes() const {
+    return EagerTiles::slot_bytes(dispatch_chunk * combine_eager_record());
+  }
+  int64_t partial_row_bytes() const { return max_row_bytes / 2 * partial_bytes; }
   // 32-bit words of one token's routing bits for one domain (a bit per column of the domain).
   int64_t routing_words() const { return (prob_cols() + 31) / 32; }
   // The flag tables' shapes (memory/flag_tables.h), at the buffer's chunk count.
@@ -144,9 +154,11 @@ struct BufferLayout {
   size_t combine_credits;
   size_t net_barrier_flags;  // uint64 [N]
   size_t receive_releases;   // uint64: times this rank has read its dispatch_rows out
-  // uint64 [2] (eager form): this rank's dispatch epoch (the kernels so far; it derives the
-  // tile signals' values) and the blocks of the running kernel done with it (EagerEpoch).
+  // uint64 [2] per operation (eager form; dispatch, then combine, kEagerEpochWords apart): this
+  // rank's epoch (its kernels so far; it derives the tile signals' values) and the blocks of
+  // the running kernel done with it (EagerEpoch).
   size_t eager_epoch;
+  static constexpr size_t kEagerEpochWords = 2;
   size_t flags_begin, flags_end;
   size_t total;
 
@@ -165,7 +177,7 @@ struct BufferLayout {
     const size_t tiles = nodes > 1 ? nodes * size_t(s.max_tokens) : 0;  // N*T
     const size_t own = nodes > 1 ? size_t(s.max_tokens) : 0;
     const size_t ring = size_t(s.ring_rows());
-    const size_t partial_row = size_t(s.max_row_bytes / 2) * size_t(s.partial_bytes);
+    const size_t partial_row = size_t(s.partial_row_bytes());
     const size_t routing_row = size_t(s.routing_words()) * sizeof(uint32_t);
     visit("routing", &BufferLayout::routing, rows * routing_row);
     visit("staged_routing", &BufferLayout::staged_routing,
@@ -189,8 +201,9 @@ struct BufferLayout {
     visit("staged_scales", &BufferLayout::staged_scales, own * scale_row);
     visit("partials", &BufferLayout::partials, (own + ring) * partial_row);
     visit("partial_probs", &BufferLayout::partial_probs, (own + ring) * prob_row);
-    visit("net_partials", &BufferLayout::net_partials, ring * partial_row);
-    visit("net_partial_probs", &BufferLayout::net_partial_probs, ring * prob_row);
+    visit("net_partials", &BufferLayout::net_partials,
+          s.eager ? slots * size_t(s.combine_eager_slot_bytes()) : ring * partial_row);
+    visit("net_partial_probs", &BufferLayout::net_partial_probs, s.eager ? 0 : ring * prob_row);
     visit("receive_targets", &BufferLayout::receive_targets, u64 * 8);
     visit("combine_pulled", &BufferLayout::combine_pulled, u64 * ranks);
     visit("zero_copy_pool", &BufferLayout::zero_copy_pool, size_t(s.zero_copy_pool_bytes));
@@ -205,7 +218,7 @@ struct BufferLayout {
     visit("combine_credits", &BufferLayout::combine_credits, flags.combine_credits.bytes());
     visit("net_barrier_flags", &BufferLayout::net_barrier_flags, flags.net_barrier.bytes());
     visit("receive_releases", &BufferLayout::receive_releases, u64);
-    visit("eager_epoch", &BufferLayout::eager_epoch, u64 * 2);
+    visit("eager_epoch", &BufferLayout::eager_epoch, u64 * 2 * kEagerEpochWords);
   }
 
   static BufferLayout make(const BufferShape& s) {

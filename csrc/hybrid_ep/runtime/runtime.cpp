@@ -228,14 +228,16 @@ int Runtime::combine_stages(size_t stage) const {
   // A piece's copies (up to one per source: local rank, or domain in the final pass) must fit
   // at once, plus room to prefetch.
   const int width = combine_width();
-  return ring_stages(std::max(config_.stages_combine, width + 1), width, stage,
-                     combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes),
-                     smem_limit_);
+  return ring_stages(
+      std::max(config_.stages_combine, width + 1), width, stage,
+      combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes, shape_.eager),
+      smem_limit_);
 }
 
 bool Runtime::combine_fits(size_t stage) const {
   const int fit = stages_that_fit(
-      smem_limit_, stage, combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes));
+      smem_limit_, stage,
+      combine_reserved_smem(combine_chunk(), config_.ranks, config_.nodes, shape_.eager));
   return fit >= combine_width() + 1;
 }
 

@@ -32,7 +32,7 @@ class ReferenceEngine(Engine):
         self.rendezvous = rendezvous
         self.combine_wire = combine_wire  # HYBRID_EP_COMBINE_WIRE: partials between domains
         self.prob_puts = prob_puts  # HYBRID_EP_PROB_PUTS: run or token
-        self.eager = eager  # HYBRID_EP_EAGER in effect: the dispatch's eager form
+        self.eager = eager  # HYBRID_EP_EAGER in effect: the eager form between domains
         self.sends = sends  # the modelled network sends (HybridEPBuffer.transport_stats)
         self._largest_tokens = None  # of the call under way, from its agreement
 
@@ -106,7 +106,7 @@ class ReferenceEngine(Engine):
             scales=0)
         network.count_combine_sends(self.sends, layout.rdma_to_attn_map, self.topo.node_rank, tokens,
                                     config.num_of_tokens_per_chunk_dispatch_api,
-                                    config.num_sms_combine_api, widths)
+                                    config.num_sms_combine_api, widths, eager=self.eager)
 
     # -- dispatch ----------------------------------------------------------------------------
     def move_rows(self, hidden: torch.Tensor, probs: torch.Tensor | None,

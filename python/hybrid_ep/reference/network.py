@@ -4,8 +4,8 @@ A token crosses the network once per destination domain, to the peer with the sa
 there. Per (chunk, destination domain) the sender issues one put per maximal run of consecutive
 tokens for each tensor (rows, probs, FP8 scales) — a dense chunk is one run, so one put per
 tensor — and exactly one signal, also when the chunk holds no token for that domain, so the
-receiver never waits forever. In the eager form (HYBRID_EP_EAGER) a dispatch chunk with tokens
-for a domain is instead one put of their records in 4 KiB tiles that carry their own signals
+receiver never waits forever. In the eager form (HYBRID_EP_EAGER) a chunk (dispatch or combine)
+with tokens for a domain is instead one put of their records in 4 KiB tiles that carry their own signals
 (memory/eager_tiles.h), counted with its tiles and no signal, and an empty one sends nothing.
 The dispatch sends chunk c from block c % blocks, the combine
 chunk c of the k-th other domain from block (c * (N - 1) + k) % blocks; a block sends on
@@ -139,7 +139,8 @@ def count_dispatch_sends(stats: TransportStats, attn_to_rdma: torch.Tensor, toke
 
 
 def count_combine_sends(stats: TransportStats, rdma_to_attn: torch.Tensor, node_rank: int,
-                        tokens: int, chunk: int, blocks: int, widths: RowWidths) -> None:
+                        tokens: int, chunk: int, blocks: int, widths: RowWidths,
+                        eager: bool = False) -> None:
     """Adds one combine's network sends of this rank to ``stats``: the fp32 partial sums (and
     partial probs) of the tokens each other domain's peer sent here go back to that peer.
 
@@ -148,7 +149,9 @@ def count_combine_sends(stats: TransportStats, rdma_to_attn: torch.Tensor, node_
     one signal; chunk c of the k-th other domain (in the order node_rank + 1, node_rank + 2,
     ...) is pair q = c * (N - 1) + k, reduced and sent by block q % blocks on channel
     (q % blocks) % channels, ``blocks`` being the combine's SM count (combine_across.cuh's
-    ChunkWalk).
+    ChunkWalk). ``eager`` (HYBRID_EP_EAGER): as the dispatch's, a (chunk, domain) with n
+    tokens is one put of n records (partial and probs) in tiles and no signal; with none,
+    nothing.
     """
     channels = len(stats.channels)
     chunks = -(-tokens // chunk)
@@ -161,6 +164,13 @@ def count_combine_sends(stats: TransportStats, rdma_to_attn: torch.Tensor, node_
             n = (node_rank + 1 + k) % nodes
             channel = stats.channels[((c * (nodes - 1) + k) % blocks) % channels]
             runs = plan_runs(rows[:, n])
+            if eager:
+                sent = sum(length for _, length in runs)
+                tiles, wire = eager_tiles(sent * eager_record(widths))
+                channel.puts += 1 if sent else 0
+                channel.bytes += wire
+                channel.eager_tiles += tiles
+                continue
             channel.puts += len(runs) * len(tensors)
             channel.bytes += sum(length for _, length in runs) * sum(tensors)
             channel.signals += 1
