@@ -194,7 +194,7 @@ __device__ __forceinline__ float load_prob(const CombineParams& p, const ProbSou
 
 // Column `col` of a probs row: at a float row, or (the eager form) in a record's tiles.
 __device__ __forceinline__ float& prob_at(float* row, int col) { return row[col]; }
-__device__ __forceinline__ float& prob_at(const RowOut& row, int col) {
+__device__ __forceinline__ float& prob_at(const TiledRow& row, int col) {
   return *reinterpret_cast<float*>(row.byte(int64_t(col) * 4));
 }
 
@@ -293,8 +293,7 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
     // that stage until the store has read it.
     const bool by_tma = !partial && copies == 1 && !shape.fp32;
     if (partial && kEager) {  // a record of the chunk's tiles at the peer
-      const RowOut dst = target.row(t, int64_t(piece) * piece_cols * int64_t(wire_bytes),
-                                    int64_t(p.hidden) * int64_t(wire_bytes));
+      const TiledRow dst = target.record_row(t, int64_t(piece) * piece_cols * int64_t(wire_bytes));
       if (p.across.bf16_wire) {
         sum_to_tiles(st, copies, vectors, shape.fp32, dst, lane);
       } else {
@@ -307,7 +306,7 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
       if (p.across.bf16_wire) {
         sum_to_output(st, copies, vectors, shape.fp32, reinterpret_cast<uint4*>(dst), lane);
       } else {
-        sum_to_fp32(st, copies, vectors, shape.fp32, RowOut{dst, 0, false}, lane);
+        sum_to_fp32(st, copies, vectors, shape.fp32, reinterpret_cast<float*>(dst), lane);
       }
     } else if (by_tma) {
       if (lane == 0) {
@@ -328,7 +327,7 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
       if (pass == Pass::kFinal) {
         combine::write_final_probs<kEager>(p, t, t / p.chunk, rows, lane, 32);
       } else if (partial && kEager) {
-        write_probs(p, s, rows, target.probs_of(t, p.prob_cols), early_prob, lane, 32);
+        write_probs(p, s, rows, target.record_probs(t), early_prob, lane, 32);
       } else if (partial) {
         write_probs(p, s, rows, target.probs + int64_t(t - target.first_token) * p.prob_cols,
                     early_prob, lane, 32);

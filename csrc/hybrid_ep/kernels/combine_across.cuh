@@ -94,16 +94,12 @@ struct PartialTarget {
   const int32_t* records = nullptr;
   EagerPayload record{};
 
-  // Byte `offset` on of token i's partial row, and of its probs.
-  __device__ RowOut row(int i, int64_t offset, int64_t row_bytes) const {
-    if (records == nullptr) return {rows, int64_t(i - first_token) * row_bytes + offset, false};
-    return {rows, record.row_at(records[i - first_token]) + offset, true};
+  // The eager form: token i's partial from byte `offset` on, and its probs.
+  __device__ TiledRow record_row(int i, int64_t offset) const {
+    return {rows, record.row_at(records[i - first_token]) + offset};
   }
-  __device__ RowOut probs_of(int i, int prob_cols) const {
-    if (records == nullptr) {
-      return {reinterpret_cast<uint8_t*>(probs + int64_t(i - first_token) * prob_cols), 0, false};
-    }
-    return {rows, record.row_at(records[i - first_token]) + record.probs_at, true};
+  __device__ TiledRow record_probs(int i) const {
+    return {rows, record.row_at(records[i - first_token]) + record.probs_at};
   }
 };
 

@@ -110,10 +110,10 @@ __device__ __forceinline__ void send_eager_partials(const CombineParams& p, cons
     // the signals: each lane's release pattern for its tiles.
     ptx::fence_acq_rel_sys();
     for (int64_t t = lane; t < tiles; t += 32) {
-      EagerSignal* signal = reinterpret_cast<EagerSignal*>(slot + t * EagerTiles::kTileBytes +
-                                                           EagerTiles::signal_offset(bytes, t));
-      const int64_t end = t * EagerTiles::kTileBytes + EagerTiles::tile_wire_bytes(bytes, t);
-      ptx::store_pair_relaxed_sys(&signal->value, value, due.at(end));
+      const int64_t at = EagerTiles::signal_at(bytes, t);
+      EagerSignal* signal = reinterpret_cast<EagerSignal*>(slot + at);
+      // Delivered with its signal's last byte.
+      ptx::store_pair_relaxed_sys(&signal->value, value, due.at(at + EagerTiles::kSignalBytes));
     }
   }
   TransportDevice::flush(a.transport, channel, lane);

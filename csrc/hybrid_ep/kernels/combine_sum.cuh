@@ -17,17 +17,21 @@
 
 namespace hybrid_ep {
 
-// Where a row's bytes go: from `at` on at `base`; or (`tiled`, the eager form: memory/
-// eager_tiles.h) as the payload bytes from `at` on of the slot at `base`, where a tile's signal
-// interrupts them every 4080 bytes.
-struct RowOut {
+// A row in the eager form's tiles (memory/eager_tiles.h): its bytes are the payload bytes from
+// `at` on of the slot at `base`, where a tile's signal interrupts them every 4080 bytes.
+struct TiledRow {
   uint8_t* base;
   int64_t at;
-  bool tiled;
-  __device__ uint8_t* byte(int64_t b) const {
-    return base + (tiled ? EagerTiles::wire_offset(at + b) : at + b);
-  }
+  __device__ uint8_t* byte(int64_t b) const { return base + EagerTiles::wire_offset(at + b); }
 };
+
+// The 16 bytes at byte b of a row: of a contiguous fp32 row, or of a tiled one.
+__device__ __forceinline__ float4* vector_at(float* row, int64_t b) {
+  return reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(row) + b);
+}
+__device__ __forceinline__ float4* vector_at(const TiledRow& row, int64_t b) {
+  return reinterpret_cast<float4*>(row.byte(b));
+}
 
 constexpr int kMaxUnrolled = 8;
 
@@ -153,7 +157,7 @@ __device__ __forceinline__ void sum_to_output(const CopyStages& st, int copies, 
 // A partial's BF16 sum (several domains) to `out` in the eager form's tiles: one sum_to_output
 // per piece of the row that lies in one tile.
 __device__ __forceinline__ void sum_to_tiles(const CopyStages& st, int copies, int vectors,
-                                             bool fp32_input, const RowOut& out, int lane) {
+                                             bool fp32_input, const TiledRow& out, int lane) {
   // In 16-byte vectors: a row is far below 2^31 of them.
   const int end = vectors;
 #pragma unroll 1
@@ -167,10 +171,12 @@ __device__ __forceinline__ void sum_to_tiles(const CopyStages& st, int copies, i
 }
 
 // Partial sums (several domains): the fp32 sum of `copies` (>= 0) staged copies, unrounded,
-// straight to global memory (the BF16 rounding comes after the other domains' partials); each
-// 16-byte half on its own (tiled, the two may lie in different tiles).
+// straight to global memory (the BF16 rounding comes after the other domains' partials), at a
+// float row or a TiledRow; each 16-byte half on its own (tiled, the two may lie in different
+// tiles).
+template <class Row>
 __device__ __noinline__ void sum_to_fp32(CopyStages st, int copies, int vectors, bool fp32_input,
-                                         RowOut out, int lane) {
+                                         Row out, int lane) {
   for (int v = lane; v < vectors; v += 32) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < copies; ++k) {
@@ -180,10 +186,8 @@ __device__ __noinline__ void sum_to_fp32(CopyStages st, int copies, int vectors,
         accumulate(acc, reinterpret_cast<const uint4*>(st.at(k))[v]);
       }
     }
-    *reinterpret_cast<float4*>(out.byte(int64_t(v) * 32)) =
-        make_float4(acc[0], acc[1], acc[2], acc[3]);
-    *reinterpret_cast<float4*>(out.byte(int64_t(v) * 32 + 16)) =
-        make_float4(acc[4], acc[5], acc[6], acc[7]);
+    *vector_at(out, int64_t(v) * 32) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    *vector_at(out, int64_t(v) * 32 + 16) = make_float4(acc[4], acc[5], acc[6], acc[7]);
   }
 }
 

@@ -50,11 +50,11 @@ struct EagerWriter {
     if (lane == 0) {
       ptx::fence_acq_rel_sys();
       for (int64_t t = from; t < to; t += step) {
-        EagerSignal* signal = reinterpret_cast<EagerSignal*>(slot + t * EagerTiles::kTileBytes +
-                                                             EagerTiles::signal_offset(bytes, t));
-        const int64_t end = t * EagerTiles::kTileBytes + EagerTiles::tile_wire_bytes(bytes, t);
-        // One store: a receiver that sees the value sees the instant written with it.
-        ptx::store_pair_relaxed_sys(&signal->value, value, due.at(end));
+        const int64_t at = EagerTiles::signal_at(bytes, t);
+        EagerSignal* signal = reinterpret_cast<EagerSignal*>(slot + at);
+        // One store: a receiver that sees the value sees the instant written with it (the
+        // tile's delivery, with its signal's last byte).
+        ptx::store_pair_relaxed_sys(&signal->value, value, due.at(at + EagerTiles::kSignalBytes));
       }
     }
     __syncwarp();

@@ -54,6 +54,10 @@ struct EagerTiles {
   __host__ __device__ static constexpr int64_t signal_offset(int64_t bytes, int64_t t) {
     return align(data_bytes(bytes, t));
   }
+  // Where tile t's signal is, from the slot's start.
+  __host__ __device__ static constexpr int64_t signal_at(int64_t bytes, int64_t t) {
+    return t * kTileBytes + signal_offset(bytes, t);
+  }
   // Bytes of tile t on the wire: its data, padding to 16, its signal.
   __host__ __device__ static constexpr int64_t tile_wire_bytes(int64_t bytes, int64_t t) {
     return signal_offset(bytes, t) + kSignalBytes;

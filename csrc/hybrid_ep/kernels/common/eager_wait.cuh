@@ -20,8 +20,7 @@ struct EagerSlot {
   uint64_t value;  // the signal its tiles carry this call
 
   __device__ const EagerSignal* signal(int64_t t) const {
-    return reinterpret_cast<const EagerSignal*>(slot + t * EagerTiles::kTileBytes +
-                                                EagerTiles::signal_offset(bytes, t));
+    return reinterpret_cast<const EagerSignal*>(slot + EagerTiles::signal_at(bytes, t));
   }
 };
 
