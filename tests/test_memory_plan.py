@@ -140,6 +140,31 @@ def test_eager_rings_hold_records_in_tiles(world, ranks, ring):
     assert signalled["net_probs"] > 0 and signalled["net_rows"] < plan["net_rows"]
 
 
+def test_eager_staging_exists_only_towards_unmapped_peers():
+    """The eager form's staging slots (the one RDMA write's source) are empty in the p2p build,
+    whose peers are mapped; under HYBRID_EP_FAULT=unmapped_peers (and in the RDMA builds) they
+    mirror the receive rings: (N - 1) x K slots of rows and of combine records."""
+    world, ranks, hidden, tokens, chunk, ring = 8, 2, 1024, 500, 64, 3
+    plan = hybrid_ep.memory_plan(world, ranks, hidden, tokens, 2, combine_wire="bf16",
+                                 num_of_tokens_per_chunk_dispatch_api=chunk, eager=True,
+                                 net_ring_chunks=ring)
+    assert plan["eager_rows_staging"] == plan["eager_partials_staging"] == 0
+    C = native.module()
+    rc = C.RuntimeConfig()
+    rc.world, rc.ranks, rc.nodes = world, ranks, world // ranks
+    rc.hidden, rc.max_tokens, rc.experts_per_rank, rc.dispatch_chunk = hidden, tokens, 2, chunk
+    rc.net_ring_chunks, rc.eager = ring, True
+    assert C.Runtime.bytes_for(rc) == plan["total"]
+    rc.unmapped_peers = True
+    staged = plan["net_rows"] + plan["net_partials"]  # the same slots, 256-byte aligned already
+    assert C.Runtime.bytes_for(rc) - plan["total"] in range(staged, staged + 2 * 256)
+    rc.eager = False
+    signalled = hybrid_ep.memory_plan(world, ranks, hidden, tokens, 2, combine_wire="bf16",
+                                      num_of_tokens_per_chunk_dispatch_api=chunk, eager=False,
+                                      net_ring_chunks=ring)
+    assert C.Runtime.bytes_for(rc) == signalled["total"]
+
+
 def test_eager_follows_the_environment_and_is_checked(monkeypatch):
     monkeypatch.setenv("HYBRID_EP_EAGER", "1")
     assert hybrid_ep.memory_plan(8, 2, 1024, 500, 2)["net_probs"] == 0

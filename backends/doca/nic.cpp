@@ -9,6 +9,8 @@
 namespace hybrid_ep::doca {
 namespace {
 
+// No IBV_ACCESS_RELAXED_ORDERING: the eager form (put_eager) relies on a write's bytes landing
+// in order, each tile's signal after its data.
 constexpr int kAccess = ibv::kAccessLocalWrite | ibv::kAccessRemoteWrite | ibv::kAccessRemoteRead |
                         ibv::kAccessRemoteAtomic;
 

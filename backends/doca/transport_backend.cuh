@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "hybrid_ep/memory/eager_tiles.h"
 #include "hybrid_ep/transport/counting.cuh"
 #include "hybrid_ep/transport/eager_delivery.h"
 #include "hybrid_ep/transport/registered_source.cuh"
@@ -89,6 +90,21 @@ struct TransportDevice {
     count_put(ctx.counters, channel, bytes, lane);
     count_eager_tiles(ctx.counters, channel, tiles, lane);
     return {};
+  }
+
+  // The slot as RDMA writes on the (channel, peer) queue pair, rung at once: no signal follows
+  // to ring them. They land in order (RC, memory registered without relaxed ordering).
+  __device__ static void put_eager(const TransportContext& ctx, int channel, int node,
+                                   size_t remote_offset, const uint8_t* src, int64_t payload_bytes,
+                                   int lane) {
+    __syncwarp();
+    if (lane == 0) __threadfence_system();  // the slot's stores, by any warp, before the NIC reads
+    __syncwarp();
+    put(ctx, channel, node, remote_offset, src, size_t(EagerTiles::wire_bytes(payload_bytes)),
+        lane);
+    DocaBatch* batch = doca_device::warp_batch(ctx);
+    if (batch != nullptr && batch->count > 0) doca_device::drain(ctx, batch, nullptr, true, lane);
+    count_eager_tiles(ctx.counters, channel, EagerTiles::count(payload_bytes), lane);
   }
 };
 

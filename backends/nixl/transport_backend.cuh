@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "hybrid_ep/common/ptx.cuh"
+#include "hybrid_ep/memory/eager_tiles.h"
 #include "hybrid_ep/transport/eager_delivery.h"
 #include "hybrid_ep/transport/registered_source.cuh"
 #include "hybrid_ep/transport/warp_copy.cuh"
@@ -129,6 +130,19 @@ struct TransportDevice {
     count_put(ctx.counters, channel, bytes, lane);
     count_eager_tiles(ctx.counters, channel, tiles, lane);
     return {};
+  }
+
+  // One ucp_device_put of the slot (an RDMA write on one lane of the peer's endpoint; the host
+  // enables the form only with UCX's PCIe relaxed ordering off).
+  __device__ static void put_eager(const TransportContext& ctx, int channel, int node,
+                                   size_t remote_offset, const uint8_t* src, int64_t payload_bytes,
+                                   int lane) {
+    __syncwarp();
+    if (lane == 0) __threadfence_system();  // the slot's stores, by any warp, before the NIC reads
+    __syncwarp();
+    put(ctx, channel, node, remote_offset, src, size_t(EagerTiles::wire_bytes(payload_bytes)),
+        lane);
+    count_eager_tiles(ctx.counters, channel, EagerTiles::count(payload_bytes), lane);
   }
 };
 

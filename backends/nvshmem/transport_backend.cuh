@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "hybrid_ep/memory/eager_tiles.h"
 #include "hybrid_ep/transport/eager_delivery.h"
 #include "hybrid_ep/transport/warp_copy.cuh"
 #include "nvshmem.h"
@@ -77,6 +78,20 @@ struct TransportDevice {
     count_put(ctx.counters, channel, bytes, lane);
     count_eager_tiles(ctx.counters, channel, tiles, lane);
     return {};
+  }
+
+  // One non-blocking put of the slot (IBGDA: RDMA writes on one RC queue pair, which land in
+  // order with relaxed ordering off: the host checks that before it enables the form).
+  __device__ static void put_eager(const TransportContext& ctx, int channel, int node,
+                                   size_t remote_offset, const uint8_t* src, int64_t payload_bytes,
+                                   int lane) {
+    const size_t bytes = size_t(EagerTiles::wire_bytes(payload_bytes));
+    __syncwarp();
+    if (lane == 0) __threadfence_system();  // the slot's stores, by any warp, before the NIC reads
+    __syncwarp();
+    nvshmemx_putmem_nbi_warp(ctx.base + remote_offset, src, bytes, pe(ctx, node));
+    count_put(ctx.counters, channel, bytes, lane);
+    count_eager_tiles(ctx.counters, channel, EagerTiles::count(payload_bytes), lane);
   }
 };
 

@@ -16,6 +16,13 @@ TransportHost::TransportHost(const TransportSetup& setup)
       channels_(setup.channels) {
   setup.check();
   wire_ = wire_model_from_options(setup.options);
+  if (const auto peers = setup.options.find("peers"); peers != setup.options.end()) {
+    if (peers->second != "unmapped") {
+      throw std::invalid_argument("p2p transport: option peers='" + peers->second +
+                                  "', expected 'unmapped'");
+    }
+    unmapped_ = true;
+  }
   counters_ = allocate_counters(channels_);
   try {
     allocate_wire_state(wire_);
@@ -70,7 +77,7 @@ void TransportHost::disconnect() noexcept {
 
 TransportContext TransportHost::context() const {
   if (!connected_) throw std::logic_error("transport: connect() first");
-  return TransportContext{node_bases_, counters_, nodes_, node_rank_, channels_, wire_};
+  return TransportContext{node_bases_, counters_, nodes_, node_rank_, channels_, wire_, unmapped_};
 }
 
 std::vector<ChannelCounters> TransportHost::counters() const {

@@ -22,6 +22,9 @@ struct TransportContext {
   int node_rank;
   int channels;
   WireModel wire;  // HYBRID_EP_P2P_WIRE's emulated NIC; disabled by default
+  // Option peers=unmapped (HYBRID_EP_FAULT=unmapped_peers, tests): mapped() answers null, so
+  // the kernels take the path they take towards an RDMA peer (puts, staged eager slots).
+  bool unmapped;
 };
 
 class TransportHost {
@@ -49,6 +52,7 @@ class TransportHost {
   uint8_t** node_bases_ = nullptr;     // device
   ChannelCounters* counters_ = nullptr;
   WireModel wire_;
+  bool unmapped_ = false;
   bool connected_ = false;
 };
 

@@ -83,7 +83,10 @@ class HybridEPBuffer:
                                  "net_ring_chunks": env.net_ring_chunks,
                                  "zero_copy": env.zero_copy,
                                  "zero_copy_pool_mb": env.zero_copy_pool_mb,
-                                 "eager": env.eager}
+                                 "eager": env.eager,
+                                 # Why this rank's build cannot use the eager form here.
+                                 "eager_blocked": (transport_options.eager_preconditions(
+                                     transport_options.build_transport()) if env.eager else [])}
         everyone = self._rendezvous.gather(CONSTRUCTION, facts)
         self._call_agreed = True
         # The ring depth, the zero-copy pool and the receive cap shape every rank's layout,
@@ -145,8 +148,12 @@ class HybridEPBuffer:
             max_num_of_tokens_for_experts=max_num_of_tokens_for_experts,
         )
         # Decided once per buffer, for both engines (the reference engine models its counts).
-        self._eager = transport_options.eager_in_effect(transport_options.build_transport(),
-                                                        self.num_of_nodes, env.eager)
+        transport = transport_options.build_transport()
+        self._eager = transport_options.eager_in_effect(
+            transport, self.num_of_nodes, env.eager,
+            failures={i: f["eager_blocked"] for i, f in enumerate(everyone)})
+        if self._eager:
+            transport_options.prepare_eager(transport)
         self._reference = self._new_reference(experts, self._new_sends())
         self._cuda_engine = None
         self._handles = itertools.count(1)  # ids of the handles this buffer makes (CallStamp)

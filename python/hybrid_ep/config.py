@@ -92,7 +92,10 @@ ENV_VARS = (
            "withhold_combine_credits makes this rank's kernels never credit the ring slots of "
            "that op back, so the other domains' senders time out at the credit wait; "
            "stage_network_sources makes this build's puts read only registered memory, as "
-           "doca's do, so that dispatch stages its network sources (unless in the pool)"),
+           "doca's do, so that dispatch stages its network sources (unless in the pool); "
+           "unmapped_peers (p2p build only) hides the other domains' peers from the kernels, "
+           "which then take the RDMA builds' path: puts and signals from registered sources, "
+           "the eager form through staged slots and one put per chunk"),
     EnvVar("HYBRID_EP_ZERO_COPY", "1",
            "CUDA engine, one NVLink domain: dispatch outputs are blocks of a pool in the "
            "registered buffer that the peers store into (no copy out), and a combine input in "
@@ -130,7 +133,8 @@ ENV_VARS = (
 _ENV_NAMES = {v.name for v in ENV_VARS}
 
 # HYBRID_EP_FAULT's injected faults (the timeout tests reach waits no skipped call can).
-FAULTS = ("withhold_dispatch_credits", "withhold_combine_credits", "stage_network_sources")
+FAULTS = ("withhold_dispatch_credits", "withhold_combine_credits", "stage_network_sources",
+          "unmapped_peers")
 
 
 def _raw(name: str) -> str | None:

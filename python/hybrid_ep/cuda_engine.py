@@ -114,6 +114,8 @@ class CudaEngine(Engine):
         rc.withhold_dispatch_credits = self.env.fault == "withhold_dispatch_credits"
         rc.withhold_combine_credits = self.env.fault == "withhold_combine_credits"
         rc.stage_network_sources = self.env.fault == "stage_network_sources"
+        transport_options.check_fault(C.build_info()["transport"], self.env.fault)
+        rc.unmapped_peers = self.env.fault == "unmapped_peers"
         rc.transport_options = transport_options.runtime_options(
             C.build_info()["transport"], self.topo.num_of_nodes, self.env, config, self.device)
         rc.transport_options = {**rc.transport_options, **transport_bootstrap.group_options(

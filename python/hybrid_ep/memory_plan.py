@@ -16,7 +16,8 @@ REGIONS = ("routing", "staged_routing", "token_counts", "call_stamps", "barrier_
            "net_barrier_stamps", "dispatch_rows", "dispatch_probs", "dispatch_scales",
            "combine_rows", "combine_probs", "net_rows", "net_probs", "net_scales",
            "restriped_probs", "staged_rows", "staged_scales", "partials", "partial_probs",
-           "net_partials", "net_partial_probs", "receive_targets", "combine_pulled",
+           "net_partials", "net_partial_probs", "eager_rows_staging", "eager_partials_staging",
+           "receive_targets", "combine_pulled",
            "zero_copy_pool",
            "barrier_flags", "forward_flags",
            "dispatch_flags", "unpermute_flags", "network_flags", "combine_flags",
@@ -27,7 +28,7 @@ REGIONS = ("routing", "staged_routing", "token_counts", "call_stamps", "barrier_
 # with several domains.
 NETWORK_TILES = ("staged_routing", "net_rows", "net_probs", "net_scales", "restriped_probs",
                  "staged_rows", "staged_scales", "partials", "partial_probs", "net_partials",
-                 "net_partial_probs")
+                 "net_partial_probs", "eager_rows_staging", "eager_partials_staging")
 NETWORK_FLAGS = ("network_flags", "combine_flags", "dispatch_credits", "combine_credits",
                  "net_barrier_flags", "net_barrier_stamps", "eager_epoch")
 _OPTIONS = ("combine_wire", "num_of_tokens_per_chunk_dispatch_api", "net_ring_chunks",
@@ -47,7 +48,8 @@ def memory_plan(world_size, ranks_per_domain, hidden_dim, max_num_of_tokens_per_
     without the padding that aligns the next region to 256 bytes; then ``network``, the bytes
     only traffic between NVLink domains uses: the regions ``NETWORK_TILES`` (staged_routing,
     net_rows, net_probs, net_scales, restriped_probs, staged_rows, staged_scales, partials,
-    partial_probs, net_partials, net_partial_probs) plus, with several domains, the flag tables
+    partial_probs, net_partials, net_partial_probs, eager_rows_staging,
+    eager_partials_staging) plus, with several domains, the flag tables
     ``NETWORK_FLAGS`` (network_flags, combine_flags, net_barrier_flags, net_barrier_stamps,
     eager_epoch;
     with one domain they hold only this domain's unused row, so ``network`` is 0); and

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -38,11 +39,18 @@ def wire_options(transport: str, nodes: int, env) -> dict[str, str]:
     return env.p2p_wire.transport_options()
 
 
-# Builds whose dispatch and combine have the eager form between domains (HYBRID_EP_EAGER): the
-# p2p build, whose per-tile signal is a release store after the tile's data. The RDMA builds put
-# the same layout only once they check the ordering their NICs need (issue 35's next step);
-# until then they keep signalling each chunk.
-EAGER_BUILDS = ("p2p",)
+# Builds whose dispatch and combine have the eager form between domains (HYBRID_EP_EAGER). p2p
+# stores into mapped peers, each tile's signal a release store after its data. The RDMA builds
+# write a chunk's tiles into a local staging slot and put it as one RDMA write, so a receiver
+# sees a tile's signal after its data only where the NIC writes in order: Hopper or newer, the
+# memory registered without relaxed ordering (doca registers it so, backends/doca/nic.cpp; for
+# nvshmem and nixl the library's variable below must not turn it on) and the buffer's
+# CU_POINTER_ATTRIBUTE_SYNC_MEMOPS (set by the runtime). Where a precondition fails the build
+# signals each chunk as before and warns.
+EAGER_BUILDS = ("p2p", "nvshmem", "nixl", "doca")
+RELAXED_ORDERING = {"nvshmem": ("NVSHMEM_IB_ENABLE_RELAXED_ORDERING", "0"),
+                    "nixl": ("UCX_IB_PCI_RELAXED_ORDERING", "off")}
+_OFF = ("0", "off", "no", "n", "false")
 
 _warned_eager: set[str] = set()
 
@@ -54,20 +62,64 @@ def build_transport() -> str:
     return "p2p" if isinstance(C, ImportError) else C.build_info()["transport"]
 
 
-def eager_in_effect(transport: str, nodes: int, eager: bool, warn: bool = True) -> bool:
+def eager_preconditions(transport: str) -> list[str]:
+    """Why this process cannot use ``transport``'s eager form (empty: it can): a GPU older than
+    Hopper, or the library's relaxed-ordering variable turned on. p2p has none."""
+    if transport not in EAGER_BUILDS:
+        return [f"the {transport} build has no eager form"]
+    if transport == "p2p":
+        return []
+    failed = []
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        if major < 9:
+            failed.append(f"compute capability {major}.{minor} (Hopper, 9.0, or newer orders a "
+                          "NIC's writes as the tiles need)")
+    name, _ = RELAXED_ORDERING.get(transport, (None, None))
+    value = None if name is None else os.environ.get(name)
+    if value is not None and value.strip().lower() not in _OFF:
+        failed.append(f"{name}={value!r} lets the NIC reorder a write's bytes (expected it unset "
+                      "or off)")
+    return failed
+
+
+def eager_in_effect(transport: str, nodes: int, eager: bool, warn: bool = True,
+                    failures: dict[int, list[str]] | None = None) -> bool:
     """Whether a buffer's dispatch and combine between domains use the eager form: ``eager``
-    (HYBRID_EP_EAGER=1), several domains and a build that has it; another build signals as
-    before and (``warn``) says so once."""
+    (HYBRID_EP_EAGER=1), several domains and a build whose preconditions hold on every rank
+    (``failures``: rank -> eager_preconditions there, every rank's; None: this process's).
+    Otherwise the buffer signals each chunk as before and (``warn``) says why, once."""
     if not eager or nodes == 1:
         return False
-    if transport in EAGER_BUILDS:
+    if failures is None:
+        failures = {-1: eager_preconditions(transport)}
+    failed = {rank: why for rank, why in failures.items() if why}
+    if not failed:
         return True
     if warn and transport not in _warned_eager:
         _warned_eager.add(transport)
-        warnings.warn(f"HYBRID_EP_EAGER=1: the {transport} build has no eager form yet (only "
-                      f"{', '.join(EAGER_BUILDS)}); it signals each chunk as before",
-                      RuntimeWarning, stacklevel=3)
+        where = "; ".join(("here" if rank < 0 else f"rank {rank}") + ": " + ", ".join(why)
+                          for rank, why in sorted(failed.items()))
+        warnings.warn(f"HYBRID_EP_EAGER=1 on the {transport} build: {where}; it signals each "
+                      "chunk as before", RuntimeWarning, stacklevel=3)
     return False
+
+
+def prepare_eager(transport: str) -> None:
+    """Before the first runtime of a buffer in the eager form: the library's relaxed ordering
+    off unless the user set it (eager_preconditions refused a value that turns it on)."""
+    name, off = RELAXED_ORDERING.get(transport, (None, None))
+    if name is not None:
+        os.environ.setdefault(name, off)
+
+
+def check_fault(transport: str, fault: str) -> None:
+    """HYBRID_EP_FAULT=unmapped_peers is the p2p build's test of the RDMA builds' path; raises
+    ValueError in another build."""
+    if fault == "unmapped_peers" and transport != "p2p":
+        raise ValueError(f"environment variable HYBRID_EP_FAULT='unmapped_peers': the p2p "
+                         f"build's test of the RDMA builds' path; this build's transport is "
+                         f"{transport}, whose peers are unmapped where they are; unset it")
 
 
 def runtime_options(transport: str, nodes: int, env, config, device) -> dict[str, str]:

@@ -4,7 +4,9 @@ reused within a call, whose earlier chunk's tile signals must not pass for the l
 with the combine's partials in fp32, and under the emulated wire (a tile becomes visible only at
 its emulated delivery, which a slow wire's dispatch times show); a captured pair replayed (the
 device epochs keep every replay's signals new); and the counters of dispatch and combine are
-the reference's eager model: one put per (chunk, domain) with tokens, its tiles, no signal."""
+the reference's eager model: one put per (chunk, domain) with tokens, its tiles, no signal.
+Under HYBRID_EP_FAULT=unmapped_peers the kernels see no peer of another domain as mapped and
+take the RDMA builds' path: tiles written into staging slots, one put_eager per chunk."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ EAGER = {"HYBRID_EP_EAGER": "1"}
 SHALLOW = {**EAGER, "HYBRID_EP_NET_RING_CHUNKS": "2"}
 UNDER_WIRE = {**EAGER, "HYBRID_EP_P2P_WIRE": "gbps=50,latency_us=3,op_ns=400,rails=2",
               "HYBRID_EP_NUM_CHANNELS": "2"}
+UNMAPPED = {**EAGER, "HYBRID_EP_FAULT": "unmapped_peers"}
 
 
 @pytest.mark.parametrize("W,placement,R,case", matrix_params("-eager"))
@@ -48,19 +51,38 @@ def test_dispatch_combine_domains_eager_fp32_wire(gpu_pools, record_property, W,
                      "eager fp32 wire")
 
 
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-eager-unmapped"))
+def test_dispatch_combine_domains_eager_unmapped(gpu_pools, record_property, W, placement, R,
+                                                 case):
+    """The staged path of the RDMA builds (put_eager from this rank's staging slots)."""
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, UNMAPPED,
+                     "eager unmapped")
+
+
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-eager-unmapped-wire-ring2",
+                                                             most_ranks=4))
+def test_dispatch_combine_domains_eager_unmapped_wire_shallow(gpu_pools, record_property, W,
+                                                              placement, R, case):
+    """Staging slots reused within a call (2 of them) while the wire delays each put."""
+    env = {**UNMAPPED, **UNDER_WIRE, "HYBRID_EP_NET_RING_CHUNKS": "2"}
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case, env,
+                     "eager unmapped wire ring2")
+
+
 @pytest.mark.parametrize("W,placement,R,extra", permute_params("-eager"))
 def test_permute_domains_eager(gpu_pools, record_property, W, placement, R, extra):
     permute_under_env(gpu_pools, record_property, W, placement, R, extra, EAGER, "eager")
 
 
+@pytest.mark.parametrize("environment", [EAGER, UNMAPPED], ids=["mapped", "unmapped"])
 @pytest.mark.parametrize("dtype,pattern", [("bf16", "dense"), ("fp8", "dense"), ("bf16", "runs")])
-def test_eager_counters(gpu_pools, dtype, pattern):
+def test_eager_counters(gpu_pools, dtype, pattern, environment):
     """2x2, 150 tokens: the CUDA counters equal the reference's eager model (the case asserts it
     per rank); dense routing is one put per chunk to the one other domain, no signal, its
     tiles counted, in the dispatch and in the combine."""
     W, R, tokens = 4, 2, 150
     results = gpu_pools.run(W, "shared", "under_env", module="gpu_multi_domain_cases",
-                            environment=EAGER, case="counters", R=R, pattern=pattern,
+                            environment=environment, case="counters", R=R, pattern=pattern,
                             dtype=dtype, with_probs=True, channels=1, tokens=tokens)
     chunks = -(-tokens // CHUNK)
     assert len(results) == W, results

@@ -191,6 +191,14 @@ def test_two_buffers_domains(gpu_pools, record_property, W, placement, R):
 FP32_WIRE = {"HYBRID_EP_COMBINE_WIRE": "fp32"}
 
 
+@pytest.mark.parametrize("W,placement,R,case", matrix_params("-unmapped"))
+def test_dispatch_combine_domains_unmapped(gpu_pools, record_property, W, placement, R, case):
+    """HYBRID_EP_FAULT=unmapped_peers: the signalled path of the RDMA builds (puts and signals
+    from registered sources, no store into a peer of another domain) on the p2p build."""
+    matrix_under_env(gpu_pools, record_property, W, placement, R, case,
+                     {"HYBRID_EP_FAULT": "unmapped_peers"}, "unmapped")
+
+
 @pytest.mark.parametrize("W,placement,R,case", matrix_params("-fp32wire"))
 def test_dispatch_combine_domains_fp32_wire(gpu_pools, record_property, W, placement, R, case):
     """The matrix with HYBRID_EP_COMBINE_WIRE=fp32: the partials travel unrounded (the oracle,

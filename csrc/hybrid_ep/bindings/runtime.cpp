@@ -92,6 +92,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("net_ring_chunks", &RuntimeConfig::net_ring_chunks)
       .def_readwrite("withhold_dispatch_credits", &RuntimeConfig::withhold_dispatch_credits)
       .def_readwrite("stage_network_sources", &RuntimeConfig::stage_network_sources)
+      .def_readwrite("unmapped_peers", &RuntimeConfig::unmapped_peers)
       .def_readwrite("withhold_combine_credits", &RuntimeConfig::withhold_combine_credits)
       .def_readwrite("transport_options", &RuntimeConfig::transport_options);
 

@@ -34,6 +34,7 @@ Api load_all() {
   load(a.granularity, "cuMemGetAllocationGranularity");
   load(a.export_handle, "cuMemExportToShareableHandle");
   load(a.import_handle, "cuMemImportFromShareableHandle");
+  load(a.pointer_set_attribute, "cuPointerSetAttribute");
   load(a.error_string, "cuGetErrorString");
   return a;
 }

@@ -1,6 +1,7 @@
 // CUDA driver entry points, fetched at run time through the runtime's
 // cudaGetDriverEntryPointByVersion: the build needs no libcuda stub and importing the module
-// needs no driver. Only what the fabric (MNNVL) memory path uses.
+// needs no driver. Only what the fabric (MNNVL) memory path and the eager form's buffer
+// attribute (SymmetricBuffer::synchronize_memops) use.
 #pragma once
 
 #include <cuda.h>
@@ -18,6 +19,7 @@ struct Api {
   decltype(&cuMemGetAllocationGranularity) granularity;
   decltype(&cuMemExportToShareableHandle) export_handle;
   decltype(&cuMemImportFromShareableHandle) import_handle;
+  decltype(&cuPointerSetAttribute) pointer_set_attribute;
   decltype(&cuGetErrorString) error_string;
 };
 

@@ -240,6 +240,7 @@ size_t run_combine(Runtime& runtime, const CombineCall& call, cudaStream_t strea
     a.withhold_credits = c.withhold_combine_credits;
     a.eager = s.eager;
     a.eager_slot_bytes = s.combine_eager_slot_bytes();
+    a.eager_staging = l.eager_partials_staging;
     // The combine's epoch words follow the dispatch's.
     a.eager_epoch = l.eager_epoch + BufferLayout::kEagerEpochWords * sizeof(uint64_t);
   }

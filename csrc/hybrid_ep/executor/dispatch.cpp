@@ -96,6 +96,7 @@ size_t run_dispatch(Runtime& runtime, const DispatchCall& call, cudaStream_t str
   p.eager = s.eager;
   p.eager_slot_bytes = s.eager_slot_bytes();
   p.eager_epoch = l.eager_epoch;
+  p.eager_staging = l.eager_rows_staging;
   p.stages = runtime.dispatch_stages(dispatch_stage_bytes(p));
   p.dispatch_rows = l.dispatch_rows;
   p.dispatch_probs = l.dispatch_probs;

@@ -1,12 +1,14 @@
 // The combine's eager form between domains (HYBRID_EP_EAGER; memory/eager_tiles.h,
-// docs/multi-domain.md "Eager form"), for mapped peers (the p2p emulation). The partials of
+// docs/multi-domain.md "Eager form"). The partials of
 // another domain's chunk c go into that domain's peer as one record per token that came here
 // (its partial at the wire's width, then its probs), in token order, in the tile layout of slot
 // c % K of this domain's ring there; no signal follows the chunk, each tile carries its own.
 //   reduce warps  (combine.cu): write each token's partial and probs straight into its record
-//                  (PartialTarget, tiled), split where tiles end;
+//                  (PartialTarget, tiled), split where tiles end; towards a peer that is not
+//                  mapped, into this rank's staging slot for it;
 //   network warps (send_eager_partials): once the chunk is reduced, count the one put and
-//                  release every tile's signal, with the instant the wire delivers it;
+//                  release every tile's signal, with the instant the wire delivers it; staged,
+//                  write the signals into the slot and put it (TransportDevice::put_eager);
 //   final pass    (EagerPartials): the loader waits, token by token, for the tiles of the
 //                  records it loads next, so it starts on a chunk before all of it has landed.
 // A chunk with no token for a domain sends nothing; its receiver counts the records from the
@@ -35,10 +37,13 @@ __device__ __forceinline__ EagerPayload eager_partials(const CombineParams& p, i
 }
 
 // The slot of chunk c from the `other`-th other domain in the ring of net_partials at `ring`.
+__device__ __forceinline__ int64_t eager_slot_offset(const CombineParams& p, int other, int c) {
+  const CombineAcross& a = p.across;
+  return (int64_t(other) * a.ring_chunks + c % a.ring_chunks) * a.eager_slot_bytes;
+}
 template <class Byte>
 __device__ __forceinline__ Byte* eager_slot(const CombineParams& p, Byte* ring, int other, int c) {
-  const CombineAcross& a = p.across;
-  return ring + (int64_t(other) * a.ring_chunks + c % a.ring_chunks) * a.eager_slot_bytes;
+  return ring + eager_slot_offset(p, other, c);
 }
 
 // Warp 0 of the reduce warps, first pass: records[k] is token k's record in its chunk's slot
@@ -101,11 +106,22 @@ __device__ __forceinline__ void send_eager_partials(const CombineParams& p, cons
     while (*reduced < uint32_t(reduce_warps * (k + 1)) && !d.aborted()) __nanosleep(64);
     const EagerPayload payload = eager_partials(p, records);
     const int64_t bytes = payload.bytes(), tiles = EagerTiles::count(bytes);
-    uint8_t* slot = eager_slot(p, TransportDevice::mapped(a.transport, it.node) + a.net_partials,
-                               other_domain_index(d.node_rank, it.node), it.c);
+    const int other = other_domain_index(d.node_rank, it.node);
+    const uint64_t value = eager_signal_value(epoch, uint32_t(it.c));
+    uint8_t* peer = TransportDevice::mapped(a.transport, it.node);
+    if (peer == nullptr) {  // the staging slot's signals, then one put of it
+      uint8_t* staged = eager_slot(p, d.self() + a.eager_staging, other, it.c);
+      for (int64_t t = lane; t < tiles; t += 32) {
+        *reinterpret_cast<EagerSignal*>(staged + EagerTiles::signal_at(bytes, t)) = {value, 0};
+      }
+      TransportDevice::put_eager(a.transport, channel, it.node,
+                                 a.net_partials + size_t(eager_slot_offset(p, other, it.c)), staged,
+                                 bytes, lane);
+      continue;
+    }
+    uint8_t* slot = eager_slot(p, peer + a.net_partials, other, it.c);
     const EagerDelivery due = TransportDevice::count_eager_stored(
         a.transport, channel, size_t(EagerTiles::wire_bytes(bytes)), tiles, lane);
-    const uint64_t value = eager_signal_value(epoch, uint32_t(it.c));
     // The partials the reduce warps wrote (published to this warp through `reduced`), before
     // the signals: each lane's release pattern for its tiles.
     ptx::fence_acq_rel_sys();

@@ -55,11 +55,15 @@ inline __device__ void send_own_chunks(const DispatchParams& p, uint64_t epoch, 
                              p.row_bytes,
                              probs ? int(p.prob_cols * sizeof(float)) : 0,
                              scales ? int(p.scale_cols * sizeof(float)) : 0};
-      send_chunk_eager(
-          p.transport, channel,
-          TransportDevice::mapped(p.transport, node) + p.net_rows + slot * p.eager_slot_bytes,
-          selected, first, last, src, eager_signal_value(epoch, uint32_t(c)),
-          reinterpret_cast<int*>(runs), crew, lane);
+      const size_t remote = p.net_rows + size_t(slot * p.eager_slot_bytes);
+      uint8_t* peer = TransportDevice::mapped(p.transport, node);
+      const EagerTarget target =
+          peer != nullptr ? EagerTarget{peer + remote, false, node, remote}
+                          : EagerTarget{d.self() + p.eager_staging + slot * p.eager_slot_bytes,
+                                        true, node, remote};
+      send_chunk_eager(p.transport, channel, target, selected, first, last, src,
+                       eager_signal_value(epoch, uint32_t(c)), reinterpret_cast<int*>(runs), crew,
+                       lane);
       continue;
     }
     const NetTensor tensors[kMaxNetTensors] = {

@@ -120,13 +120,45 @@ __device__ __forceinline__ void copy_tile(const EagerWriter& w, int64_t tile_ind
   }
 }
 
+// Parts of other widths (rare shapes), one warp: each record's parts by the warp's copy (bytes
+// where unaligned), the tiles released as records complete them.
+__device__ __forceinline__ void write_records(const EagerWriter& w, int records, int64_t tiles,
+                                              const int* tokens, const EagerSources& src,
+                                              uint64_t value, int lane) {
+  int64_t released = 0;
+  for (int record = 0; record < records; ++record) {
+    const int64_t at = w.payload.row_at(record), t = tokens[record];
+    w.store(at, src.rows + t * src.row_bytes, src.row_bytes, lane);
+    if (src.prob_bytes > 0) {
+      w.store(at + w.payload.probs_at, src.probs + t * src.prob_bytes, src.prob_bytes, lane);
+    }
+    if (src.scale_bytes > 0) {
+      w.store(at + w.payload.scales_at, src.scales + t * src.scale_bytes, src.scale_bytes, lane);
+    }
+    // Tiles before the one the next record starts in are complete.
+    const int64_t complete =
+        record + 1 == records ? tiles : EagerTiles::first_tile(w.payload.row_at(record + 1));
+    w.release(released, complete, 1, value, lane);
+    released = complete;
+  }
+}
+
+// Where a chunk's tiles go: the peer's slot where it is mapped; else this rank's staging slot,
+// which one put carries to `remote` (the peer's slot, a registered-buffer offset) at `node`.
+struct EagerTarget {
+  uint8_t* slot;
+  bool staged;
+  int node;
+  size_t remote;
+};
+
 // Called by all lanes of every warp of `crew` with the same arguments but `scratch`, each
 // warp's own, at least last - first ints (its runs scratch, build_token_runs). `value` is the
 // tiles' signal (eager_signal_value of the call's epoch and chunk).
 template <class Selected>
-__device__ void send_chunk_eager(const TransportContext& ctx, int channel, uint8_t* slot,
-                                 const Selected& selected, int first, int last,
-                                 const EagerSources& src, uint64_t value, int* scratch,
+__device__ void send_chunk_eager(const TransportContext& ctx, int channel,
+                                 const EagerTarget& target, const Selected& selected, int first,
+                                 int last, const EagerSources& src, uint64_t value, int* scratch,
                                  const EagerCrew& crew, int lane) {
   // Record k is the chunk's k-th token for the domain (each warp lists them).
   int records = 0;
@@ -139,18 +171,19 @@ __device__ void send_chunk_eager(const TransportContext& ctx, int channel, uint8
   }
   __syncwarp();
   if (records == 0) return;
-  EagerWriter w{slot, EagerPayload::make(records, src.row_bytes, src.prob_bytes, src.scale_bytes)};
+  EagerWriter w{target.slot,
+                EagerPayload::make(records, src.row_bytes, src.prob_bytes, src.scale_bytes)};
   w.bytes = w.payload.bytes();
   const int64_t tiles = EagerTiles::count(w.bytes);
   // One put: warp 0 posts it, the others read its delivery (the second barrier keeps the
-  // shared word until all have).
-  if (crew.warp == 0) {
+  // shared word until all have). Staged, it is posted once the slot is written (below).
+  if (crew.warp == 0 && !target.staged) {
     const EagerDelivery due = TransportDevice::count_eager_stored(
         ctx, channel, size_t(EagerTiles::wire_bytes(w.bytes)), tiles, lane);
     if (lane == 0) *crew.shared = due;
   }
   crew.sync();
-  w.due = *crew.shared;
+  w.due = target.staged ? EagerDelivery{} : *crew.shared;
   crew.sync();
   const bool vectors =
       ((src.row_bytes | src.prob_bytes | src.scale_bytes) & 15) == 0 &&
@@ -169,26 +202,15 @@ __device__ void send_chunk_eager(const TransportContext& ctx, int channel, uint8
         held = 0;
       }
     }
-    return;
+  } else if (crew.warp == 0) {
+    write_records(w, records, tiles, scratch, src, value, lane);
   }
-  // Parts of other widths (rare shapes): warp 0 copies each record's parts by the warp's copy
-  // (bytes where unaligned).
-  if (crew.warp != 0) return;
-  int64_t released = 0;
-  for (int record = 0; record < records; ++record) {
-    const int64_t at = w.payload.row_at(record), t = scratch[record];
-    w.store(at, src.rows + t * src.row_bytes, src.row_bytes, lane);
-    if (src.prob_bytes > 0) {
-      w.store(at + w.payload.probs_at, src.probs + t * src.prob_bytes, src.prob_bytes, lane);
+  if (target.staged) {
+    crew.sync();  // every warp's tiles are in the staging slot
+    if (crew.warp == 0) {
+      TransportDevice::put_eager(ctx, channel, target.node, target.remote, target.slot, w.bytes,
+                                 lane);
     }
-    if (src.scale_bytes > 0) {
-      w.store(at + w.payload.scales_at, src.scales + t * src.scale_bytes, src.scale_bytes, lane);
-    }
-    // Tiles before the one the next record starts in are complete.
-    const int64_t complete =
-        record + 1 == records ? tiles : EagerTiles::first_tile(w.payload.row_at(record + 1));
-    w.release(released, complete, 1, value, lane);
-    released = complete;
   }
 }
 

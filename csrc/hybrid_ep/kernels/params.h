@@ -200,10 +200,13 @@ struct DispatchParams {
   // HYBRID_EP_EAGER (several domains): the rows between domains travel in the eager form
   // (network_send_eager.cuh, dispatch_eager.cuh): chunk c of the k-th other domain in slot
   // k * ring_chunks + c % ring_chunks of net_rows, eager_slot_bytes each, its tiles' signals
-  // from the epoch at eager_epoch (this rank's buffer, kernels/common/eager_epoch.cuh).
+  // from the epoch at eager_epoch (this rank's buffer, kernels/common/eager_epoch.cuh). Towards
+  // a peer that is not mapped the slot is first written into the same slot of this rank's
+  // eager_staging (eager_rows_staging), the source of TransportDevice::put_eager.
   bool eager;
   int64_t eager_slot_bytes;
   size_t eager_epoch;
+  size_t eager_staging;
 };
 
 // Unpermute: dense row i < D (read on the device) is the fp32 sum, ascending expert, of the
@@ -260,13 +263,16 @@ struct CombineAcross {
   ChunkFlags combine_credits;
   TransportContext control;
   bool withhold_credits;  // HYBRID_EP_FAULT (tests): never credit a chunk back
-  // HYBRID_EP_EAGER: the partials go in the eager form (combine_eager.cuh) to mapped peers:
-  // chunk c from the k-th other domain in slot k * ring_chunks + c % ring_chunks of
-  // net_partials, eager_slot_bytes each, a record of partial and probs per token that came;
-  // the tiles' signals from the epoch at eager_epoch (this rank's buffer). No combine_flags.
+  // HYBRID_EP_EAGER: the partials go in the eager form (combine_eager.cuh): chunk c from the
+  // k-th other domain in slot k * ring_chunks + c % ring_chunks of net_partials,
+  // eager_slot_bytes each, a record of partial and probs per token that came; the tiles'
+  // signals from the epoch at eager_epoch (this rank's buffer). No combine_flags. Towards a
+  // peer that is not mapped the records go into the same slot of this rank's eager_staging
+  // (eager_partials_staging) first, the source of TransportDevice::put_eager.
   bool eager;
   int64_t eager_slot_bytes;
   size_t eager_epoch;
+  size_t eager_staging;
 };
 
 // With `partial` (several domains) the kernel reduces every forwarded token i < num_tokens

@@ -33,6 +33,9 @@ struct BufferShape {
   // combine's partials, a record of partial and probs per token in one slot of net_partials
   // (net_partial_probs empty).
   bool eager = false;
+  // The eager form towards peers that are not mapped (RDMA builds): a chunk's tiles are written
+  // into a local slot of eager_rows_staging / eager_partials_staging, the one write's source.
+  bool eager_staged = false;
 
   int64_t experts_total() const { return experts_per_rank * world; }
   int64_t prob_cols() const { return experts_per_rank * ranks; }  // one domain's columns
@@ -134,6 +137,11 @@ struct BufferLayout {
   size_t net_partials;       // ring [N-1, K, chunk, H]: partials of this rank's tokens from the
                              // other domains
   size_t net_partial_probs;  // fp32 ring
+  // The eager form towards unmapped peers (BufferShape::eager_staged): rings [N-1, K] of local
+  // slots (as net_rows' and net_partials'), where the kernels write a chunk's tiles for the
+  // transport's one write (put_eager); a slot is rewritten once its chunk was credited back.
+  size_t eager_rows_staging;
+  size_t eager_partials_staging;
   // ReceiveTargets (kernels/params.h): where this call's dispatch rows land in this rank's
   // buffer and where its combine input lies, published before peers read them.
   size_t receive_targets;
@@ -204,6 +212,11 @@ struct BufferLayout {
     visit("net_partials", &BufferLayout::net_partials,
           s.eager ? slots * size_t(s.combine_eager_slot_bytes()) : ring * partial_row);
     visit("net_partial_probs", &BufferLayout::net_partial_probs, s.eager ? 0 : ring * prob_row);
+    const size_t staged = s.eager && s.eager_staged ? slots : 0;
+    visit("eager_rows_staging", &BufferLayout::eager_rows_staging,
+          staged * size_t(s.eager_slot_bytes()));
+    visit("eager_partials_staging", &BufferLayout::eager_partials_staging,
+          staged * size_t(s.combine_eager_slot_bytes()));
     visit("receive_targets", &BufferLayout::receive_targets, u64 * 8);
     visit("combine_pulled", &BufferLayout::combine_pulled, u64 * ranks);
     visit("zero_copy_pool", &BufferLayout::zero_copy_pool, size_t(s.zero_copy_pool_bytes));

@@ -101,6 +101,13 @@ SymmetricBuffer::SymmetricBuffer(ExternalMemory memory)
   }
 }
 
+void SymmetricBuffer::synchronize_memops() {
+  if (kind_ != HandleKind::kCudaIpc) return;
+  unsigned int on = 1;
+  HYBRID_EP_CU_CHECK(driver::api().pointer_set_attribute(&on, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                                                         CUdeviceptr(local_)));
+}
+
 SymmetricBuffer::~SymmetricBuffer() {
   close_peers();
   if (kind_ == HandleKind::kExternal) {

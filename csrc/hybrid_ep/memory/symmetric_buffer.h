@@ -59,6 +59,10 @@ class SymmetricBuffer {
   // Declares that every rank of the group destroys its buffer now, together: an external
   // buffer whose free is collective may then free it instead of leaking it.
   void release_collectively() { collective_release_ = true; }
+  // The eager form towards RDMA peers: sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS on a cudaMalloc'd
+  // (CUDA IPC) buffer, so synchronous copies into it complete before a NIC reads it. Fabric
+  // (cuMem) and external buffers are left as their allocator made them. Throws CudaError.
+  void synchronize_memops();
 
  private:
   void close_peers() noexcept;

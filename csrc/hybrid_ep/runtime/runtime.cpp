@@ -73,7 +73,9 @@ BufferShape shape_of(const RuntimeConfig& config) {
                                          config.dispatch_chunk, chunks, row_bytes),
                      received,
                      config.zero_copy_pool_bytes,
-                     config.eager && config.nodes > 1};
+                     config.eager && config.nodes > 1,
+                     config.eager && config.nodes > 1 &&
+                         (TransportHost::kRegisteredSources || config.unmapped_peers)};
 }
 
 Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
@@ -83,16 +85,15 @@ Runtime::Runtime(const RuntimeConfig& config) : config_(config) {
   check_group_limits(config_);
   shape_ = shape_of(config_);
   layout_ = BufferLayout::make(shape_);
-  TransportSetup setup{nullptr,
-                       config_.nodes,
-                       config_.node_rank,
-                       config_.channels,
-                       config_.transport_options,
-                       config_.ranks,
-                       config_.local_rank,
-                       uint64_t(config_.timeout_s * 1e9)};
+  std::map<std::string, std::string> options = config_.transport_options;
+  if (config_.unmapped_peers) options["peers"] = "unmapped";  // the p2p backend's test option
+  TransportSetup setup{
+      nullptr, config_.nodes, config_.node_rank,  config_.channels,
+      options, config_.ranks, config_.local_rank, uint64_t(config_.timeout_s * 1e9)};
   buffer_ = make_registered_buffer(setup, layout_.total,
                                    config_.fabric ? HandleKind::kFabric : HandleKind::kCudaIpc);
+  // A NIC reads the eager form's staged slots: the seed's ordering precondition.
+  if (shape_.eager_staged) buffer_->synchronize_memops();
   setup.registered = buffer_.get();
   if (shape_.zero_copy_pool_bytes > 0) {
     pool_ = std::make_shared<PoolArena>(buffer_, buffer_->local() + layout_.zero_copy_pool,
@@ -177,7 +178,8 @@ void Runtime::open_peers(const std::vector<std::string>& handles) {
 }
 
 bool Runtime::needs_registered_sources() const {
-  return config_.stage_network_sources || hybrid_ep::needs_registered_sources(*transport_);
+  return config_.stage_network_sources || config_.unmapped_peers ||
+         hybrid_ep::needs_registered_sources(*transport_);
 }
 
 void Runtime::connect_transport(const std::vector<std::string>& blobs) {

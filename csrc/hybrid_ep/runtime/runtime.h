@@ -65,6 +65,10 @@ struct RuntimeConfig {
   // HYBRID_EP_FAULT=stage_network_sources (tests only): treat this build's puts as reading only
   // registered memory, as doca's do, so that a p2p build runs the network sources' staging.
   bool stage_network_sources = false;
+  // HYBRID_EP_FAULT=unmapped_peers (tests only, p2p build): the kernels see no peer of another
+  // domain as mapped (transport option peers=unmapped), so they take the RDMA builds' path:
+  // puts and signals from registered sources, the eager form through staged slots.
+  bool unmapped_peers = false;
   // The transport backend's settings (TransportSetup::options), filled by the Python layer.
   std::map<std::string, std::string> transport_options;
 };

@@ -23,6 +23,15 @@
 //       data and signals the kernel stored itself, each signal a release store after its
 //       tile's data; returns when those bytes count as delivered (EagerDelivery: at once
 //       unless the backend emulates a network). Every lane gets lane 0's result.
+//   put_eager(ctx, channel, node, remote_offset, src, payload_bytes, lane)
+//       The eager form to a peer that is not mapped: one write of the slot at local `src`
+//       (registered), whose tiles of `payload_bytes` of payload the kernel has written, data
+//       and signals alike, with plain stores, to offset `remote_offset` at the peer of domain
+//       `node`, such that the receiver sees each tile's signal only after that tile's data (an
+//       RDMA write on one queue pair of a NIC writing without relaxed ordering: the host
+//       enables the form only where that holds, docs/multi-domain.md "Eager form"). The slot
+//       may be rewritten once the receiver has credited it back. Counts one put of the wire
+//       bytes and its tiles, no signal.
 //
 // Waiting for a flag is a plain acquire load of local memory and belongs to the kernels
 // (kernels/common/flags.cuh). Kernels name no backend: they use TransportDevice.
