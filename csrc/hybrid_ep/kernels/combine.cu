@@ -292,7 +292,9 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
     // A single BF16 copy is its own sum: the TMA stores its stage as it is, and the warp holds
     // that stage until the store has read it.
     const bool by_tma = !partial && copies == 1 && !shape.fp32;
-    if (partial && kEager) {  // a record of the chunk's tiles at the peer
+    // The eager form's records go to other domains; this domain's partials stay plain rows.
+    const bool tiled = kEager && partial && target.tiled();
+    if (tiled) {  // a record of the chunk's tiles at the peer
       const TiledRow dst = target.record_row(t, int64_t(piece) * piece_cols * int64_t(wire_bytes));
       if (p.across.bf16_wire) {
         sum_to_tiles(st, copies, vectors, shape.fp32, dst, lane);
@@ -326,7 +328,7 @@ __device__ __forceinline__ void reduce_chunk(const CombineParams& p, const Smem&
     if (probs_here) {
       if (pass == Pass::kFinal) {
         combine::write_final_probs<kEager>(p, t, t / p.chunk, rows, lane, 32);
-      } else if (partial && kEager) {
+      } else if (tiled) {
         write_probs(p, s, rows, target.record_probs(t), early_prob, lane, 32);
       } else if (partial) {
         write_probs(p, s, rows, target.probs + int64_t(t - target.first_token) * p.prob_cols,

@@ -89,11 +89,13 @@ struct PartialTarget {
   uint8_t* rows;  // row of forwarded token i at rows + (i - first_token) * partial_row_bytes
   float* probs;   // likewise, prob_cols each; null without probs
   int first_token;
-  // The eager form: `rows` is the peer's slot, forwarded token i's record is
-  // records[i - first_token] (number_records), of record.record bytes.
+  // The eager form: `rows` is the peer's slot (or this rank's staging slot for it), token i's
+  // record is records[i - first_token] (number_records), of record.record bytes.
   const int32_t* records = nullptr;
   EagerPayload record{};
 
+  // Records in the eager form's tiles (another domain's slot), not rows.
+  __device__ bool tiled() const { return records != nullptr; }
   // The eager form: token i's partial from byte `offset` on, and its probs.
   __device__ TiledRow record_row(int i, int64_t offset) const {
     return {rows, record.row_at(records[i - first_token]) + offset};
