@@ -115,9 +115,10 @@ __device__ __forceinline__ PartialTarget partial_target(const CombineParams& p, 
   if (it.node == d.node_rank) return {a.partials, a.partial_probs, int(d.node_rank * T)};
   uint8_t* peer = TransportDevice::mapped(a.transport, it.node);
   if (a.eager) {  // the peer's slot, or (not mapped) this rank's staging slot for it
-    uint8_t* ring = peer != nullptr ? peer + a.net_partials : d.self() + a.eager_staging;
-    PartialTarget target{eager_slot(p, ring, other_domain_index(d.node_rank, it.node), it.c),
-                         a.partial_probs, it.first, records};
+    uint8_t* slot = peer != nullptr ? eager_slot(p, peer + a.net_partials,
+                                                 other_domain_index(d.node_rank, it.node), it.c)
+                                    : eager_staging_slot(p, it.node, it.c);
+    PartialTarget target{slot, a.partial_probs, it.first, records};
     target.record = eager_partials(p, 1);
     return target;
   }

@@ -46,6 +46,14 @@ __device__ __forceinline__ Byte* eager_slot(const CombineParams& p, Byte* ring, 
   return ring + eager_slot_offset(p, other, c);
 }
 
+// This rank's staging slot of chunk c for domain `node` (not mapped): its ring is by
+// destination, where the receiver's ring is by sender, so concurrent sends to several domains
+// never share a slot.
+__device__ __forceinline__ uint8_t* eager_staging_slot(const CombineParams& p, int node, int c) {
+  const DomainView& d = p.domain;
+  return eager_slot(p, d.self() + p.across.eager_staging, other_domain_index(node, d.node_rank), c);
+}
+
 // Warp 0 of the reduce warps, first pass: records[k] is token k's record in its chunk's slot
 // (the tokens with a copy here, in order), -1 for the others, of the chunk's `tokens`.
 __device__ __forceinline__ void number_records(int32_t* records, const ChunkRoutes& routes,
@@ -110,7 +118,7 @@ __device__ __forceinline__ void send_eager_partials(const CombineParams& p, cons
     const uint64_t value = eager_signal_value(epoch, uint32_t(it.c));
     uint8_t* peer = TransportDevice::mapped(a.transport, it.node);
     if (peer == nullptr) {  // the staging slot's signals, then one put of it
-      uint8_t* staged = eager_slot(p, d.self() + a.eager_staging, other, it.c);
+      uint8_t* staged = eager_staging_slot(p, it.node, it.c);
       for (int64_t t = lane; t < tiles; t += 32) {
         *reinterpret_cast<EagerSignal*>(staged + EagerTiles::signal_at(bytes, t)) = {value, 0};
       }

@@ -56,10 +56,12 @@ inline __device__ void send_own_chunks(const DispatchParams& p, uint64_t epoch, 
                              probs ? int(p.prob_cols * sizeof(float)) : 0,
                              scales ? int(p.scale_cols * sizeof(float)) : 0};
       const size_t remote = p.net_rows + size_t(slot * p.eager_slot_bytes);
+      // Not mapped: this rank's staging ring is by destination (the receiver's is by sender).
+      const int64_t staged = int64_t(other_domain_index(node, d.node_rank)) * K + c % K;
       uint8_t* peer = TransportDevice::mapped(p.transport, node);
       const EagerTarget target =
           peer != nullptr ? EagerTarget{peer + remote, false, node, remote}
-                          : EagerTarget{d.self() + p.eager_staging + slot * p.eager_slot_bytes,
+                          : EagerTarget{d.self() + p.eager_staging + staged * p.eager_slot_bytes,
                                         true, node, remote};
       send_chunk_eager(p.transport, channel, target, selected, first, last, src,
                        eager_signal_value(epoch, uint32_t(c)), reinterpret_cast<int*>(runs), crew,

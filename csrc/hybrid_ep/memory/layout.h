@@ -138,8 +138,9 @@ struct BufferLayout {
                              // other domains
   size_t net_partial_probs;  // fp32 ring
   // The eager form towards unmapped peers (BufferShape::eager_staged): rings [N-1, K] of local
-  // slots (as net_rows' and net_partials'), where the kernels write a chunk's tiles for the
-  // transport's one write (put_eager); a slot is rewritten once its chunk was credited back.
+  // slots (the size of net_rows' and net_partials', one ring per destination domain), where the
+  // kernels write a chunk's tiles for the transport's one write (put_eager); a slot is
+  // rewritten once its chunk was credited back.
   size_t eager_rows_staging;
   size_t eager_partials_staging;
   // ReceiveTargets (kernels/params.h): where this call's dispatch rows land in this rank's
